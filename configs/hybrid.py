@@ -1,0 +1,85 @@
+"""The study's grid: `configs/hybrid.py:arch=swa128_nope,scale=s1` builds one run.
+
+Arches and scales are tables (data), not code paths; `hybrid_jax.config.validate` rejects unknown names with the
+list of known ones.
+"""
+
+import pathlib
+
+import ml_collections
+
+from hybrid_jax.config import ConfigError, load_config_file
+
+_BASE = pathlib.Path(__file__).with_name('base.py')
+
+# name -> model fields. The recurrent kinds are reserved: hybrid_jax.config reports them as not yet available.
+ARCHES = {
+    'full': dict(cycle=('full',), rope_full=True),
+    'swa128': dict(cycle=('swa', 'full'), window=128, rope_full=True),
+    'swa512': dict(cycle=('swa', 'full'), window=512, rope_full=True),
+    'swa2048': dict(cycle=('swa', 'full'), window=2048, rope_full=True),
+    'swa128_nope': dict(cycle=('swa', 'full'), window=128, rope_full=False),
+    'swa128_1to3': dict(cycle=('swa', 'swa', 'swa', 'full'), window=128, rope_full=True),
+    'swa128_headwise': dict(cycle=('headwise',), window=128, rope_full=True),
+    'lightning': dict(cycle=('lightning', 'full')),
+    'mamba2': dict(cycle=('mamba2', 'full')),
+    'gdn': dict(cycle=('gdn', 'full')),
+}
+
+STUDY_VOCAB = 73_448
+
+# name -> (model fields, data/train fields). S1-S5 reproduce the study's exact non-embedding counts.
+SCALES = {
+    'tiny': dict(
+        model=dict(d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, d_ff=320,
+                   vocab_size=257, dtype='float32'),
+        data=dict(seq_len=512),
+        train=dict(steps=300, batch_size=8, lr=3e-3, warmup_steps=30),
+    ),
+    's1': dict(model=dict(d_model=384, num_layers=10, num_heads=6, d_ff=960)),
+    's2': dict(model=dict(d_model=512, num_layers=12, num_heads=8, d_ff=1280)),
+    's3': dict(model=dict(d_model=640, num_layers=16, num_heads=10, d_ff=1600)),
+    's4': dict(model=dict(d_model=768, num_layers=18, num_heads=12, d_ff=1920)),
+    's5': dict(model=dict(d_model=1280, num_layers=30, num_heads=20, d_ff=3200)),
+}
+
+# Shared by S1-S5: the study's block and context.
+_STUDY = dict(
+    model=dict(num_kv_heads=2, head_dim=64, vocab_size=STUDY_VOCAB, dtype='bfloat16', scan_layers=True),
+    data=dict(seq_len=16_384),
+    train=dict(batch_size=64, lr=1e-3, warmup_steps=1000, steps=10_000, checkpoint_every=1000,
+               eval_every=1000, log_every=50),
+)
+
+
+def _parse(arg):
+  fields = {'arch': 'swa128_nope', 'scale': 'tiny'}
+  for item in filter(None, (arg or '').split(',')):
+    key, sep, value = item.partition('=')
+    if not sep or key not in fields:
+      raise ConfigError(f'configs/hybrid.py: bad argument {item!r}; expected arch=NAME,scale=NAME '
+                        f'(arches: {", ".join(ARCHES)}; scales: {", ".join(SCALES)})')
+    fields[key] = value
+  arch, scale = fields['arch'], fields['scale']
+  if arch not in ARCHES:
+    raise ConfigError(f'model.arch={arch!r} is unknown; allowed: {", ".join(ARCHES)}')
+  if scale not in SCALES:
+    raise ConfigError(f'model.scale={scale!r} is unknown; allowed: {", ".join(SCALES)}')
+  return arch, scale
+
+
+def get_config(arg=None):
+  arch, scale = _parse(arg)
+  c = load_config_file(str(_BASE))
+  c.name = f'{arch}_{scale}'
+  c.model.arch = arch
+  c.model.scale = scale
+  c.model.update(ARCHES[arch])
+  for group in ([SCALES[scale]] if scale == 'tiny' else [_STUDY, SCALES[scale]]):
+    for section, values in group.items():
+      c[section].update(values)
+  return c
+
+
+def get_hyper_names():
+  return ml_collections.ConfigDict({'arches': list(ARCHES), 'scales': list(SCALES)})

@@ -1,0 +1,152 @@
+"""Load config files and validate a ConfigDict before anything compiles.
+
+Every error names the key, the value it had and what is allowed, so a typo in a pod launch fails in a second
+instead of after a compile.
+"""
+
+import importlib.util
+import pathlib
+
+import ml_collections
+
+MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise')
+MIXER_KINDS_RESERVED = ('lightning', 'mamba2', 'gdn')  # Recurrent mixers: not yet implemented.
+REMAT_POLICIES = ('none', 'full', 'save_dots')
+SCHEDULES = ('wsd', 'cosine', 'constant')
+SOURCES = ('builtin', 'files', 'tfds')
+DTYPES = ('float32', 'bfloat16', 'float16')
+ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn')
+
+
+class ConfigError(ValueError):
+  """A config value is invalid; the message names the key, the value and what is allowed."""
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Loads `path/to/file.py[:arg]` the way absl's config_flags does, calling `get_config(arg)`."""
+  path, _, arg = spec.partition(':')
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise ConfigError(f'config file {path!r} does not exist')
+  module_spec = importlib.util.spec_from_file_location(f'_hybrid_jax_config_{file.stem}', file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, 'get_config'):
+    raise ConfigError(f'config file {path!r} defines no get_config(arg)')
+  return module.get_config(arg or None)
+
+
+def _fail(key, value, allowed):
+  raise ConfigError(f'config.{key}={value!r} is invalid: {allowed}')
+
+
+def _positive_int(c, key):
+  value = _get(c, key)
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    _fail(key, value, 'must be a positive integer')
+  return value
+
+
+def _nonneg_number(c, key):
+  value = _get(c, key)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    _fail(key, value, 'must be a number >= 0')
+  return value
+
+
+def _choice(c, key, allowed):
+  value = _get(c, key)
+  if value not in allowed:
+    _fail(key, value, f'allowed: {", ".join(allowed)}')
+  return value
+
+
+def _get(c, key):
+  node = c
+  for part in key.split('.'):
+    if part not in node:
+      raise ConfigError(f'config.{key} is missing (start from configs/base.py, which defines every key)')
+    node = node[part]
+  return node
+
+
+BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
+
+
+def _leaf_keys(c, prefix=''):
+  for key, value in c.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _leaf_keys(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}'
+
+
+def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks every key that shapes the model, data and training; returns the config unchanged."""
+  for key in _leaf_keys(load_config_file(str(BASE_CONFIG))):
+    _get(c, key)  # Every default must be present: configs start from configs/base.py.
+  for key in ('model.vocab_size', 'model.d_model', 'model.num_layers', 'model.num_heads', 'model.num_kv_heads',
+              'model.head_dim', 'model.d_ff', 'data.seq_len', 'train.steps', 'train.batch_size',
+              'train.grad_accum', 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints',
+              'train.eval_batches', 'eval.position_buckets', 'eval.batches'):
+    _positive_int(c, key)
+  m = c.model
+  if m.num_heads % m.num_kv_heads:
+    _fail('model.num_heads', m.num_heads, f'must be a multiple of model.num_kv_heads={m.num_kv_heads}')
+  cycle = tuple(m.cycle)
+  if not cycle:
+    _fail('model.cycle', m.cycle, 'must name at least one layer kind')
+  for kind in cycle:
+    if kind in MIXER_KINDS_RESERVED:
+      raise ConfigError(f'config.model.cycle contains {kind!r}: the {kind} mixer is not yet available in this '
+                        f'version of hybrid_jax; available kinds: {", ".join(MIXER_KINDS_AVAILABLE)}')
+    if kind not in MIXER_KINDS_AVAILABLE:
+      _fail('model.cycle', m.cycle, f'unknown kind {kind!r}; allowed kinds: {", ".join(MIXER_KINDS_AVAILABLE)}')
+  if {'swa', 'headwise'} & set(cycle):
+    window = m.window
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+      _fail('model.window', window, 'must be a positive integer (keys each query sees, itself included)')
+  if 'headwise' in cycle and not 0 < m.headwise_full_kv_heads < m.num_kv_heads:
+    _fail('model.headwise_full_kv_heads', m.headwise_full_kv_heads,
+          f'must be between 1 and model.num_kv_heads - 1 = {m.num_kv_heads - 1}')
+  if m.head_dim % 2 and (m.rope_full or m.rope_swa):
+    _fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
+  if m.rope_base <= 1:
+    _fail('model.rope_base', m.rope_base, 'must be > 1')
+  _choice(c, 'model.dtype', DTYPES)
+  _choice(c, 'model.param_dtype', DTYPES)
+  _choice(c, 'model.remat', REMAT_POLICIES)
+  _choice(c, 'model.attention_implementation', ATTENTION_IMPLEMENTATIONS)
+
+  d = c.data
+  _choice(c, 'data.source', SOURCES)
+  if d.source == 'files' and not d.paths:
+    _fail('data.paths', d.paths, "must name files, directories or globs when data.source='files'")
+  if d.source == 'tfds' and not d.tfds_name:
+    _fail('data.tfds_name', d.tfds_name, "must name a TFDS dataset when data.source='tfds'")
+  _nonneg_number(c, 'data.long_short_ratio')
+  _nonneg_number(c, 'data.long_doc_min_tokens')
+  if not 0 < d.eval_fraction < 1:
+    _fail('data.eval_fraction', d.eval_fraction, 'must be strictly between 0 and 1')
+
+  t = c.train
+  if t.batch_size % t.grad_accum:
+    _fail('train.batch_size', t.batch_size, f'must be divisible by train.grad_accum={t.grad_accum}')
+  if not t.lr > 0:
+    _fail('train.lr', t.lr, 'must be > 0')
+  _choice(c, 'train.schedule', SCHEDULES)
+  _nonneg_number(c, 'train.warmup_steps')
+  if t.warmup_steps >= t.steps:
+    _fail('train.warmup_steps', t.warmup_steps, f'must be smaller than train.steps={t.steps}')
+  if not 0 <= t.decay_fraction <= 1:
+    _fail('train.decay_fraction', t.decay_fraction, 'must be in [0, 1]')
+  if not 0 <= t.min_lr_ratio <= 1:
+    _fail('train.min_lr_ratio', t.min_lr_ratio, 'must be in [0, 1]')
+  for key in ('train.b1', 'train.b2'):
+    if not 0 <= _get(c, key) < 1:
+      _fail(key, _get(c, key), 'must be in [0, 1)')
+  for key in ('train.weight_decay', 'train.grad_clip', 'train.z_loss', 'train.eval_every', 'train.eps'):
+    _nonneg_number(c, key)
+  if c.eval.position_buckets > c.data.seq_len:
+    _fail('eval.position_buckets', c.eval.position_buckets, f'must be <= data.seq_len={c.data.seq_len}')
+  return c

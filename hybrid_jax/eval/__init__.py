@@ -1,0 +1,1 @@
+"""Evaluation: held-out loss and loss by position (more evaluators arrive with the evaluation suite)."""

@@ -1,0 +1,1 @@
+"""Model definitions: the hybrid LM, its layers and mixers, the layer pattern and parameter counts."""

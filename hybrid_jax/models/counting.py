@@ -1,0 +1,31 @@
+"""Parameter counts per layer kind, from the config alone (no arrays allocated).
+
+`embedding` counts the input embedding and the untied LM head (the study's convention); `non_embedding` is
+everything else. A test checks these formulas against the real model's parameters.
+"""
+
+from hybrid_jax.models import pattern
+
+
+def mixer_params(cfg, spec: pattern.LayerSpec) -> int:
+  if spec.kind in ('full', 'swa', 'headwise'):
+    q_and_o = 2 * cfg.d_model * cfg.num_heads * cfg.head_dim
+    k_and_v = 2 * cfg.d_model * cfg.num_kv_heads * cfg.head_dim
+    return q_and_o + k_and_v
+  raise ValueError(f'no parameter count for layer kind {spec.kind!r}')
+
+
+def block_params(cfg, spec: pattern.LayerSpec) -> dict:
+  mlp = 3 * cfg.d_model * cfg.d_ff
+  norms = 2 * cfg.d_model
+  mixer = mixer_params(cfg, spec)
+  return {'kind': spec.kind, 'mixer': mixer, 'mlp': mlp, 'norms': norms, 'total': mixer + mlp + norms}
+
+
+def param_counts(cfg) -> dict:
+  """{'non_embedding', 'embedding', 'total', 'layers': [...]} for a model config."""
+  layers = [block_params(cfg, pattern.layer_spec(cfg, i)) for i in range(cfg.num_layers)]
+  non_embedding = sum(layer['total'] for layer in layers) + cfg.d_model  # + final norm
+  embedding = 2 * cfg.vocab_size * cfg.d_model  # input table + untied LM head
+  return {'non_embedding': non_embedding, 'embedding': embedding, 'total': non_embedding + embedding,
+          'layers': layers}

@@ -1,0 +1,65 @@
+"""Building blocks shared by every architecture: parameters with logical axes, RMSNorm, SwiGLU, RoPE.
+
+Parameters carry `logical_axes` metadata (names from ARCHITECTURE.md: embed, heads, kv_heads, head_dim, mlp,
+vocab, layers); hybrid_jax.parallel maps them onto mesh axes. Weights are stored in `param_dtype` and cast to the
+compute dtype at use, so the optimizer always sees float32 masters.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def dtype_of(name: str):
+  return jnp.dtype(name)
+
+
+def param(rngs: nnx.Rngs, shape, axes, *, std: float, dtype) -> nnx.Param:
+  """A normal(0, std) parameter annotated with its logical axis names."""
+  if len(shape) != len(axes):
+    raise ValueError(f'shape {shape} and logical axes {axes} differ in rank')
+  return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype), logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+  """x / rms(x) * scale, computed in float32."""
+
+  def __init__(self, dim: int, *, eps: float, param_dtype, dtype):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=('embed',))
+    self.eps = eps
+    self.dtype = dtype
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (x32 * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class SwiGLU(nnx.Module):
+  """down(silu(gate(x)) * up(x)), no biases."""
+
+  def __init__(self, d_model: int, d_ff: int, *, std: float, out_std: float, param_dtype, dtype, rngs):
+    self.gate = param(rngs, (d_model, d_ff), ('embed', 'mlp'), std=std, dtype=param_dtype)
+    self.up = param(rngs, (d_model, d_ff), ('embed', 'mlp'), std=std, dtype=param_dtype)
+    self.down = param(rngs, (d_ff, d_model), ('mlp', 'embed'), std=out_std, dtype=param_dtype)
+    self.dtype = dtype
+
+  def __call__(self, x):
+    x = x.astype(self.dtype)
+    gate = x @ self.gate[...].astype(self.dtype)
+    up = x @ self.up[...].astype(self.dtype)
+    return (jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype)
+
+
+def rope(x, positions, *, base: float):
+  """Rotary position embedding (rotate-half form) of x [B, T, H, D] at integer positions [B, T] or [T]."""
+  head_dim = x.shape[-1]
+  inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., T, D/2]
+  if angles.ndim == 2:
+    angles = angles[None]
+  sin = jnp.sin(angles)[:, :, None, :]
+  cos = jnp.cos(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)

@@ -1,0 +1,112 @@
+"""HybridLM: embeddings -> blocks -> final RMSNorm -> untied LM head.
+
+The stack is `model.cycle` repeated. With `scan_layers=True` the repeats are one Cycle module whose parameters
+carry a leading `layers` axis, applied with `jax.lax.scan`, so compile time does not grow with depth; leftover
+layers (depth not a multiple of the cycle) run unscanned after it. Both layouts compute the same function.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.models import pattern
+from hybrid_jax.models.layers import RMSNorm, SwiGLU, dtype_of, param
+from hybrid_jax.models.mixers import make_mixer
+
+_REMAT_POLICIES = {
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Block(nnx.Module):
+  """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, cfg, spec: pattern.LayerSpec, *, rngs: nnx.Rngs):
+    pdt, dt = dtype_of(cfg.param_dtype), dtype_of(cfg.dtype)
+    self.mixer_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
+    self.mixer = make_mixer(cfg, spec, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
+    self.mlp = SwiGLU(cfg.d_model, cfg.d_ff, std=cfg.init_std, out_std=cfg.init_std / (2 * cfg.num_layers) ** 0.5,
+                      param_dtype=pdt, dtype=dt, rngs=rngs)
+
+  def __call__(self, x, positions):
+    x = x + self.mixer(self.mixer_norm(x), positions).astype(x.dtype)
+    return x + self.mlp(self.mlp_norm(x)).astype(x.dtype)
+
+
+class Cycle(nnx.Module):
+  """One repeat of the layer pattern (e.g. [SWA block, full block])."""
+
+  def __init__(self, cfg, specs, *, rngs: nnx.Rngs):
+    self.blocks = nnx.List([Block(cfg, spec, rngs=rngs) for spec in specs])
+
+  def __call__(self, x, positions):
+    for block in self.blocks:
+      x = block(x, positions)
+    return x
+
+
+def _stack_modules(modules):
+  """Merges identical-structure modules into one whose parameters have a leading `layers` axis."""
+  graphdef, first = nnx.split(modules[0])
+  states = [first] + [nnx.split(m)[1] for m in modules[1:]]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+  module = nnx.merge(graphdef, stacked)
+  for _, variable in nnx.iter_graph(module):
+    if isinstance(variable, nnx.Param):
+      variable.set_metadata('logical_axes', ('layers',) + tuple(variable.get_metadata().get('logical_axes', ())))
+  return module
+
+
+def _apply_pure(graphdef, state, x, positions):
+  return nnx.merge(graphdef, state)(x, positions)
+
+
+class HybridLM(nnx.Module):
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pdt, self.dtype = dtype_of(cfg.param_dtype), dtype_of(cfg.dtype)
+    self.embed = param(rngs, (cfg.vocab_size, cfg.d_model), ('vocab', 'embed'), std=cfg.init_std, dtype=pdt)
+    specs = [pattern.layer_spec(cfg, i) for i in range(cfg.num_layers)]
+    period = len(tuple(cfg.cycle))
+    n_cycles, n_left = pattern.stack_layout(cfg)
+    self.scan_layers = bool(cfg.scan_layers) and n_cycles > 1
+    if self.scan_layers:
+      self.cycles = _stack_modules([Cycle(cfg, specs[:period], rngs=rngs) for _ in range(n_cycles)])
+      self.tail = nnx.List([Block(cfg, s, rngs=rngs) for s in specs[n_cycles * period:]])
+    else:
+      self.tail = nnx.List([Block(cfg, s, rngs=rngs) for s in specs])
+    self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=self.dtype)
+    self.lm_head = param(rngs, (cfg.d_model, cfg.vocab_size), ('embed', 'vocab'), std=cfg.init_std, dtype=pdt)
+    self.remat = cfg.remat
+
+  def _run(self, module, x, positions):
+    graphdef, state = nnx.split(module)
+    fn = _apply_pure
+    if self.remat != 'none':
+      fn = jax.checkpoint(fn, policy=_REMAT_POLICIES[self.remat], static_argnums=(0,))
+    return fn(graphdef, state, x, positions)
+
+  def hidden_states(self, tokens, positions=None):
+    """Final-norm hidden states [B, T, d_model] for int tokens [B, T]."""
+    if positions is None:
+      positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+    if self.scan_layers:
+      graphdef, stacked = nnx.split(self.cycles)
+      body = functools.partial(_apply_pure, graphdef)
+      if self.remat != 'none':
+        body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.remat])
+      x, _ = jax.lax.scan(lambda h, s: (body(s, h, positions), None), x, stacked)
+    for block in self.tail:
+      x = self._run(block, x, positions)
+    return self.final_norm(x)
+
+  def __call__(self, tokens, positions=None):
+    """Logits [B, T, vocab] (compute dtype) for int tokens [B, T]."""
+    h = self.hidden_states(tokens, positions)
+    return h @ self.lm_head[...].astype(self.dtype)

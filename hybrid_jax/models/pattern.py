@@ -1,0 +1,43 @@
+"""The layer pattern as data: a pure function from layer index to what that layer is.
+
+Stacks are repeats of `model.cycle`, so a scanned model scans one cycle and compile time stays flat in depth.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+  """What one layer is: its mixer kind, attention window (None = full) and whether it uses RoPE."""
+  kind: str  # 'full' | 'swa' | 'headwise'
+  window: int | None
+  rope: bool
+  full_kv_heads: int = 0  # 'headwise' only: KV groups (and their query heads) that attend fully.
+
+
+def layer_spec(model_cfg, index: int) -> LayerSpec:
+  """The spec of layer `index` (0-based): kind = cycle[index % len(cycle)]."""
+  if not 0 <= index < model_cfg.num_layers:
+    raise IndexError(f'layer index {index} outside 0..{model_cfg.num_layers - 1}')
+  cycle = tuple(model_cfg.cycle)
+  kind = cycle[index % len(cycle)]
+  if kind == 'full':
+    return LayerSpec('full', None, bool(model_cfg.rope_full))
+  if kind == 'swa':
+    return LayerSpec('swa', int(model_cfg.window), bool(model_cfg.rope_swa))
+  if kind == 'headwise':
+    # One RoPE setting per layer: head-wise layers follow the SWA setting (their windowed heads need position).
+    return LayerSpec('headwise', int(model_cfg.window), bool(model_cfg.rope_swa),
+                     int(model_cfg.headwise_full_kv_heads))
+  raise ValueError(f'unknown layer kind {kind!r} in model.cycle={cycle}')
+
+
+def cycle_specs(model_cfg) -> tuple[LayerSpec, ...]:
+  """Specs of one cycle of layers (the unit that a scanned model repeats)."""
+  return tuple(layer_spec(model_cfg, i) for i in range(min(len(tuple(model_cfg.cycle)), model_cfg.num_layers)))
+
+
+def stack_layout(model_cfg) -> tuple[int, int]:
+  """(number of whole cycles, leftover layers) of the stack; leftovers run unscanned after the cycles."""
+  period = len(tuple(model_cfg.cycle))
+  return model_cfg.num_layers // period, model_cfg.num_layers % period

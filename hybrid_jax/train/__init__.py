@@ -1,0 +1,1 @@
+"""Training: optimizer and schedules, the pure train step, checkpoints, metrics and the loop."""

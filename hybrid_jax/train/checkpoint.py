@@ -1,0 +1,76 @@
+"""Orbax checkpoints of the train state and the data-iterator state, with fallback on a bad latest one.
+
+A restore walks back from the newest step: a corrupt or unreadable checkpoint is skipped with a warning, and the
+run continues from the newest one that restores. Background (async) save failures surface as CheckpointError at
+the next save or at `wait()`, never silently.
+"""
+
+import logging
+
+import grain
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written or no saved checkpoint could be restored."""
+
+
+class Checkpointer:
+
+  def __init__(self, directory, *, keep: int, async_save: bool):
+    self.directory = directory
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+                                           cleanup_tmp_directories=True)
+    self.manager = ocp.CheckpointManager(directory, options=options)
+
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def save(self, step: int, state, data_iterator) -> None:
+    """Starts writing checkpoint `step` (in the background when async); reports earlier failures first."""
+    self._raise_background_errors()
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iterator))
+    try:
+      self.manager.save(step, args=args, force=True)
+    except Exception as e:  # Orbax wraps I/O errors in many types; name the step and the place.
+      raise CheckpointError(f'saving checkpoint at step {step} to {self.directory} failed: {e}') from e
+
+  def wait(self) -> None:
+    """Blocks until background saves finish; raises CheckpointError if one failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      raise CheckpointError(f'a background checkpoint save to {self.directory} failed: {e}') from e
+    self._raise_background_errors()
+
+  def _raise_background_errors(self):
+    try:
+      self.manager.check_for_errors()
+    except Exception as e:
+      raise CheckpointError(f'a background checkpoint save to {self.directory} failed: {e}') from e
+
+  def restore_latest(self, abstract_state, data_iterator):
+    """(step, state) of the newest checkpoint that restores, also restoring `data_iterator`; None if there is none.
+
+    Raises CheckpointError if checkpoints exist but none of them can be restored (rather than silently starting
+    over and overwriting them).
+    """
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    errors = []
+    for step in steps:
+      args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                data=grain.checkpoint.CheckpointRestore(data_iterator))
+      try:
+        restored = self.manager.restore(step, args=args)
+      except Exception as e:
+        errors.append(f'step {step}: {type(e).__name__}: {e}')
+        logging.warning('checkpoint at step %d in %s cannot be restored (%s: %s); falling back to an earlier one',
+                        step, self.directory, type(e).__name__, e)
+        continue
+      return step, restored.state
+    if steps:
+      raise CheckpointError(f'no checkpoint in {self.directory} could be restored:\n' + '\n'.join(errors))
+    return None
+
+  def close(self):
+    self.manager.close()

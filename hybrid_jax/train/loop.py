@@ -1,0 +1,160 @@
+"""The training loop: init or resume, jitted steps, periodic eval / checkpoints / metrics, final report.
+
+Resuming is automatic: the same command on the same workdir continues from the newest restorable checkpoint
+(model, optimizer, step and data-iterator state), so the loss at every later step equals the uninterrupted run's.
+SIGTERM writes a checkpoint before exiting; a non-finite loss stops the run naming the step and keeps the last
+good checkpoint.
+"""
+
+import contextlib
+import json
+import logging
+import math
+import pathlib
+import signal
+import statistics
+import time
+
+import jax
+import numpy as np
+import tqdm
+
+from hybrid_jax.config import ConfigError, validate
+from hybrid_jax.data.pipeline import make_eval_batches, make_train_dataset
+from hybrid_jax.data.tokenizers import get_tokenizer
+from hybrid_jax.eval.perplexity import evaluate
+from hybrid_jax.models.counting import param_counts
+from hybrid_jax.train import checkpoint, metrics, optim, report, state as state_lib, step as step_lib
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss became NaN or infinite."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+  """Yields a dict whose 'requested' flag turns True on SIGTERM, so the loop can checkpoint and exit cleanly."""
+  flag = {'requested': False}
+
+  def handler(signum, frame):
+    del frame
+    flag['requested'] = True
+    logging.warning('received signal %d: saving a checkpoint and stopping after this step', signum)
+
+  previous = signal.signal(signal.SIGTERM, handler)
+  try:
+    yield flag
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _check_vocab(config):
+  tokenizer = get_tokenizer(config.data.tokenizer)
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise ConfigError(f'config.model.vocab_size={config.model.vocab_size} is invalid: the tokenizer '
+                      f'{config.data.tokenizer!r} has {tokenizer.vocab_size} tokens; use at least that many')
+
+
+def train(config, workdir) -> dict:
+  """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json)."""
+  validate(config)
+  _check_vocab(config)
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
+  t = config.train
+  tokens_per_step = t.batch_size * config.data.seq_len
+
+  model_def, params = state_lib.init_model(config.model, config.seed)
+  tx = optim.make_optimizer(t)
+  state = state_lib.init_train_state(params, tx)
+  del params
+  data_iter = iter(make_train_dataset(config))
+  ckpt = checkpoint.Checkpointer(workdir / 'checkpoints', keep=t.keep_checkpoints, async_save=t.async_checkpointing)
+  restored = ckpt.restore_latest(state_lib.abstract_train_state(state), data_iter)
+  start = 0
+  if restored is not None:
+    start, state = restored
+    logging.info('resumed from the checkpoint at step %d in %s', start, ckpt.directory)
+  train_step = step_lib.make_train_step(model_def, tx, t)
+  eval_step = step_lib.make_eval_step(model_def)
+  eval_batches = make_eval_batches(config, t.eval_batches)
+  schedule = optim.make_schedule(t)
+  writer = metrics.MetricsWriter(workdir)
+
+  def run_eval(step, batches):
+    result = evaluate(eval_step, state['params'], batches, buckets=config.eval.position_buckets)
+    writer.write(step, {'loss': result['loss'], 'perplexity': result['perplexity']}, prefix='eval')
+    return result
+
+  step_times, status, last_saved = [], 'completed', start
+  bar = tqdm.tqdm(total=t.steps, initial=start, disable=not t.progress, desc=config.name, unit='step',
+                  dynamic_ncols=True)
+  started = time.perf_counter()
+  try:
+    with _stop_on_sigterm() as stop:
+      step = start
+      while step < t.steps:
+        batch = next(data_iter)
+        tic = time.perf_counter()
+        state, m = train_step(state, batch)
+        loss = float(m['loss'])  # Syncs: the step time below is real, and a bad loss is caught at its step.
+        step_times.append(time.perf_counter() - tic)
+        step += 1
+        if not math.isfinite(loss):
+          ckpt.wait()
+          raise TrainingDiverged(
+              f'training loss is {loss} at step {step} (run {config.name}); stopping. The last good checkpoint '
+              f'(step {last_saved}) is kept in {ckpt.directory}. Lower train.lr or raise train.warmup_steps.')
+        bar.update(1)
+        if step % t.log_every == 0 or step == t.steps:
+          dt = statistics.median(step_times[-t.log_every:])
+          logged = {k: float(v) for k, v in m.items()}
+          logged.update(lr=float(schedule(step - 1)), step_time_s=dt, tokens_per_s=tokens_per_step / dt)
+          writer.write(step, logged, prefix='train')
+          bar.set_postfix(loss=f'{loss:.3f}', tok_s=f'{tokens_per_step / dt:,.0f}')
+        if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+          run_eval(step, eval_batches)
+        if step % t.checkpoint_every == 0 or step == t.steps or stop['requested']:
+          ckpt.save(step, state, data_iter)
+          last_saved = step
+        if stop['requested']:
+          status = 'preempted'
+          break
+    ckpt.wait()
+  finally:
+    bar.close()
+    ckpt.close()
+
+  final = run_eval(step, make_eval_batches(config, config.eval.batches)) if status == 'completed' else None
+  writer.close()
+  counts = param_counts(config.model)
+  steady = step_times[1:] or step_times
+  result = {
+      'name': config.name, 'arch': config.model.arch, 'scale': config.model.scale, 'status': status,
+      'steps': step, 'resumed_from': start, 'seq_len': config.data.seq_len, 'batch_size': t.batch_size,
+      'params': {k: counts[k] for k in ('non_embedding', 'embedding', 'total')},
+      'devices': [str(d) for d in jax.devices()],
+      'wall_time_s': time.perf_counter() - started,
+      'step_time_s_median': statistics.median(steady) if steady else None,
+      'first_step_time_s': step_times[0] if step_times else None,
+      'tokens_per_s': tokens_per_step / statistics.median(steady) if steady else None,
+      'final_train_loss': float(m['loss']) if step_times else None,
+      'eval': final,
+  }
+  report.write_report(workdir, result, metrics.read_jsonl(workdir / 'metrics.jsonl'))
+  return result
+
+
+def summary_line(result: dict) -> str:
+  ev = result.get('eval') or {}
+  parts = [f"{result['name']}: {result['status']} at step {result['steps']}"]
+  if ev:
+    parts.append(f"held-out loss {ev['loss']:.4f} (ppl {ev['perplexity']:.2f})")
+  if result.get('tokens_per_s'):
+    parts.append(f"{result['tokens_per_s']:,.0f} tokens/s")
+  return ', '.join(parts)
+
+
+def dump(result) -> str:
+  return json.dumps(result, indent=2, default=lambda o: np.asarray(o).tolist())

@@ -1,0 +1,62 @@
+"""Pure train and eval steps: `train_step(state, batch) -> (state, metrics)`.
+
+Losses, log-partition terms and per-position statistics are float32 regardless of the compute dtype.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def token_nll(logits, targets):
+  """(-log p(target), log Z) per token, in float32."""
+  logits = logits.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return log_z - target_logit, log_z
+
+
+def make_train_step(model_def, tx, train_cfg):
+  """The jitted train step (state donated). Gradient accumulation scans over micro-batches."""
+  accum, z_weight = int(train_cfg.grad_accum), float(train_cfg.z_loss)
+
+  def loss_fn(params, batch):
+    logits = model_def.bind(params)(batch['inputs'])
+    nll, log_z = token_nll(logits, batch['targets'])
+    loss = jnp.mean(nll)
+    total = loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss
+    return total, loss
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def train_step(state, batch):
+    params = state['params']
+    if accum == 1:
+      (_, loss), grads = grad_fn(params, batch)
+    else:
+      micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+      def body(carry, mb):
+        (_, loss), grads = grad_fn(params, mb)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+      zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+      (loss, grads), _ = jax.lax.scan(body, zeros, micro)
+      loss, grads = jax.tree.map(lambda x: x / accum, (loss, grads))
+    updates, opt_state = tx.update(grads, state['opt_state'], params)
+    new_state = {'step': state['step'] + 1, 'params': optax.apply_updates(params, updates), 'opt_state': opt_state}
+    metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), 'param_norm': optax.global_norm(params)}
+    return new_state, metrics
+
+  return jax.jit(train_step, donate_argnums=0)
+
+
+def make_eval_step(model_def):
+  """Jitted (params, batch) -> per-position summed NLL [T] and token count per position [T]."""
+
+  def eval_step(params, batch):
+    logits = model_def.bind(params)(batch['inputs'])
+    nll, _ = token_nll(logits, batch['targets'])
+    return jnp.sum(nll, axis=0), jnp.full((nll.shape[1],), nll.shape[0], jnp.float32)
+
+  return jax.jit(eval_step)

@@ -1,0 +1,31 @@
+"""Shared fixtures: configs loaded from the project's own config files."""
+
+import pathlib
+
+import pytest
+
+from hybrid_jax.config import load_config_file
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def study_config(arch='swa128_nope', scale='tiny'):
+  return load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}')
+
+
+def small_config(arch='swa128_nope', **model_overrides):
+  """A seconds-fast run: 2 layers of width 32 over 64-token sequences of the built-in corpus."""
+  c = study_config(arch)
+  c.model.update(dict(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=64, window=16))
+  c.model.update(model_overrides)
+  c.data.seq_len = 64
+  c.train.update(dict(steps=12, batch_size=2, warmup_steps=2, log_every=1, eval_every=0, eval_batches=1,
+                      checkpoint_every=4, progress=False, lr=3e-3))
+  c.eval.batches = 1
+  c.eval.position_buckets = 4
+  return c
+
+
+@pytest.fixture
+def small():
+  return small_config()

@@ -1,0 +1,104 @@
+"""Config files and validation: every study run builds, every bad value fails early with a clear message."""
+
+import ml_collections
+import pytest
+
+from hybrid_jax.config import ConfigError, load_config_file, validate
+from tests.conftest import ROOT, study_config
+
+AVAILABLE = ['full', 'swa128', 'swa512', 'swa2048', 'swa128_nope', 'swa128_1to3', 'swa128_headwise']
+SCALES = ['tiny', 's1', 's2', 's3', 's4', 's5']
+
+
+@pytest.mark.parametrize('scale', SCALES)
+@pytest.mark.parametrize('arch', AVAILABLE)
+def test_every_study_run_validates(arch, scale):
+  c = validate(study_config(arch, scale))
+  assert c.model.arch == arch and c.model.scale == scale
+  assert c.name == f'{arch}_{scale}'
+
+
+def test_study_shapes():
+  c = study_config('swa128', 's3')
+  assert (c.model.d_model, c.model.num_layers, c.model.num_heads, c.model.num_kv_heads, c.model.head_dim,
+          c.model.d_ff, c.model.vocab_size) == (640, 16, 10, 2, 64, 1600, 73_448)
+  assert c.data.seq_len == 16_384
+  assert tuple(c.model.cycle) == ('swa', 'full') and c.model.window == 128 and c.model.rope_full
+  nope = study_config('swa128_nope', 's3')
+  assert not nope.model.rope_full and nope.model.rope_swa
+  assert tuple(study_config('swa128_1to3').model.cycle) == ('swa', 'swa', 'swa', 'full')
+  assert study_config('swa2048').model.window == 2048
+
+
+@pytest.mark.parametrize('arch', ['lightning', 'mamba2', 'gdn'])
+def test_recurrent_arches_are_reserved_with_a_clear_error(arch):
+  c = study_config(arch)  # The name is known ...
+  with pytest.raises(ConfigError, match=f'{arch}.*not yet available'):
+    validate(c)  # ... but the mixer is not built yet.
+
+
+def test_unknown_arch_and_scale_list_the_allowed_names():
+  with pytest.raises(ConfigError, match=r"model.arch='swa64' is unknown; allowed: full, swa128"):
+    study_config('swa64')
+  with pytest.raises(ConfigError, match=r"model.scale='s9' is unknown; allowed: tiny, s1"):
+    study_config('full', 's9')
+  with pytest.raises(ConfigError, match='bad argument'):
+    load_config_file(f'{ROOT}/configs/hybrid.py:arch')
+
+
+def test_missing_config_file():
+  with pytest.raises(ConfigError, match='does not exist'):
+    load_config_file('/nonexistent/config.py')
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('model.window', 0, r'config.model.window=0 is invalid: must be a positive integer'),
+    ('model.window', -3, r'config.model.window=-3 is invalid'),
+    ('model.num_heads', 5, r'config.model.num_heads=5 is invalid: must be a multiple of model.num_kv_heads=2'),
+    ('data.seq_len', 0, r'config.data.seq_len=0 is invalid: must be a positive integer'),
+    ('data.seq_len', -1, r'config.data.seq_len=-1 is invalid'),
+    ('model.cycle', ('swa', 'conv'), r"unknown kind 'conv'; allowed kinds: full, swa, headwise"),
+    ('model.cycle', (), r'must name at least one layer kind'),
+    ('model.dtype', 'float8', r"config.model.dtype='float8' is invalid: allowed: float32, bfloat16"),
+    ('model.remat', 'some', r"config.model.remat='some' is invalid: allowed: none, full, save_dots"),
+    ('model.attention_implementation', 'flash', r"allowed: auto, xla, reference, cudnn"),
+    ('train.grad_accum', 3, r'config.train.batch_size=8 is invalid: must be divisible by train.grad_accum=3'),
+    ('train.schedule', 'linear', r"config.train.schedule='linear' is invalid: allowed: wsd, cosine, constant"),
+    ('train.lr', 0.0, r'config.train.lr=0.0 is invalid: must be > 0'),
+    ('train.warmup_steps', 300, r'must be smaller than train.steps=300'),
+    ('train.steps', 0, r'config.train.steps=0 is invalid'),
+    ('data.source', 'web', r"config.data.source='web' is invalid: allowed: builtin, files, tfds"),
+    ('data.eval_fraction', 1.0, r'config.data.eval_fraction=1.0 is invalid'),
+    ('model.head_dim', 31, r'must be even when RoPE is used'),
+    ('eval.position_buckets', 1000, r'must be <= data.seq_len=512'),
+])
+def test_bad_values_name_key_value_and_allowed(key, value, message):
+  c = study_config()
+  section, name = key.split('.')
+  c[section][name] = value
+  with pytest.raises(ConfigError, match=message):
+    validate(c)
+
+
+def test_files_and_tfds_sources_need_their_keys():
+  c = study_config()
+  c.data.source = 'files'
+  with pytest.raises(ConfigError, match='config.data.paths'):
+    validate(c)
+  c.data.source = 'tfds'
+  with pytest.raises(ConfigError, match='config.data.tfds_name'):
+    validate(c)
+
+
+def test_headwise_split_must_leave_both_kinds():
+  c = study_config('swa128_headwise')
+  c.model.headwise_full_kv_heads = 2
+  with pytest.raises(ConfigError, match=r'headwise_full_kv_heads=2 is invalid: must be between 1 and'):
+    validate(c)
+
+
+def test_missing_key_is_named():
+  c = study_config()
+  c.train = ml_collections.ConfigDict({k: v for k, v in c.train.items() if k != 'lr'})
+  with pytest.raises(ConfigError, match='config.train.lr is missing'):
+    validate(c)
