@@ -1,0 +1,160 @@
+"""HybridLM: exact study parameter counts, the layer pattern, scan == unrolled, causality and receptive field."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hybrid_jax.models import counting, pattern
+from hybrid_jax.models.model import HybridLM
+from hybrid_jax.train import state as state_lib
+from tests.conftest import small_config, study_config
+
+STUDY_NON_EMBEDDING = {'s1': 14_999_424, 's2': 31_470_080, 's3': 64_901_760, 's4': 104_427_264, 's5': 476_852_480}
+ARCHES = ['full', 'swa128', 'swa512', 'swa2048', 'swa128_nope', 'swa128_1to3', 'swa128_headwise']
+
+
+@pytest.mark.parametrize('scale', list(STUDY_NON_EMBEDDING))
+@pytest.mark.parametrize('arch', ['swa128', 'full', 'swa128_nope'])
+def test_study_non_embedding_counts_are_exact(arch, scale):
+  counts = counting.param_counts(study_config(arch, scale).model)
+  assert counts['non_embedding'] == STUDY_NON_EMBEDDING[scale]
+  assert counts['embedding'] == 2 * 73_448 * study_config(arch, scale).model.d_model
+
+
+@pytest.mark.parametrize('scale', ['tiny', 's1', 's5'])
+@pytest.mark.parametrize('arch', ARCHES)
+def test_counting_matches_the_built_model(arch, scale):
+  cfg = study_config(arch, scale).model
+  abstract = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
+  params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+  sizes = {'/'.join(map(str, path)): int(np.prod(leaf.shape))
+           for path, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: hasattr(x, 'shape'))[0]
+           for path in [[getattr(p, 'key', getattr(p, 'idx', p)) for p in path]]}
+  total = sum(sizes.values())
+  embedding = sizes['embed'] + sizes['lm_head']
+  counts = counting.param_counts(cfg)
+  assert (total - embedding, embedding, total) == (counts['non_embedding'], counts['embedding'], counts['total'])
+
+
+def test_layer_pattern_is_a_function_of_the_index():
+  cfg = study_config('swa128', 's1').model
+  kinds = [pattern.layer_spec(cfg, i).kind for i in range(cfg.num_layers)]
+  assert kinds == ['swa', 'full'] * 5  # Full attention at odd 0-based layers.
+  assert pattern.layer_spec(cfg, 0).window == 128 and pattern.layer_spec(cfg, 1).window is None
+  nope = study_config('swa128_nope', 's1').model
+  assert [pattern.layer_spec(nope, i).rope for i in range(2)] == [True, False]
+  one_to_three = study_config('swa128_1to3', 's1').model
+  assert [pattern.layer_spec(one_to_three, i).kind for i in range(10)] == (['swa'] * 3 + ['full']) * 2 + ['swa'] * 2
+  assert pattern.stack_layout(one_to_three) == (2, 2)
+  assert {pattern.layer_spec(study_config('full', 's1').model, i).kind for i in range(10)} == {'full'}
+  with pytest.raises(IndexError):
+    pattern.layer_spec(cfg, 10)
+
+
+def _logits(cfg, params, tokens):
+  model_def, _ = state_lib.init_model(cfg, 0)
+  return np.asarray(jax.jit(lambda p, t: model_def.bind(p)(t))(params, tokens))
+
+
+def _to_scanned(unrolled, scanned_template, period, n_cycles):
+  """Rearranges an unrolled model's params into the scanned layout (same function, stacked storage)."""
+  out = dict(scanned_template)
+  out['cycles'] = {'blocks': {b: jax.tree.map(lambda *xs: jnp.stack(xs),
+                                               *[unrolled['tail'][c * period + b] for c in range(n_cycles)])
+                              for b in range(period)}}
+  out['tail'] = {i: unrolled['tail'][n_cycles * period + i] for i in range(len(unrolled['tail']) - n_cycles * period)}
+  for key in ('embed', 'lm_head', 'final_norm'):
+    out[key] = unrolled[key]
+  return out
+
+
+@pytest.mark.parametrize('remat', ['none', 'full', 'save_dots'])
+def test_scanned_stack_computes_the_unrolled_function(remat):
+  cfg = small_config('swa128_1to3', num_layers=10, window=8).model  # 2 scanned cycles of 4 + 2 leftover layers.
+  _, params = state_lib.init_model(cfg, 0)
+  scanned_cfg = cfg.copy_and_resolve_references()
+  scanned_cfg.scan_layers, scanned_cfg.remat = True, remat
+  scanned_def, template = state_lib.init_model(scanned_cfg, 1)
+  assert jax.tree.leaves(template['cycles'])[0].shape[0] == 2
+  scanned = _to_scanned(params, template, 4, 2)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 24)))
+  np.testing.assert_allclose(_logits(cfg, params, tokens), _logits(scanned_cfg, scanned, tokens), atol=2e-5)
+
+  def loss(def_, p):
+    return jnp.mean(def_.bind(p)(tokens).astype(jnp.float32) ** 2)
+
+  unrolled_def, _ = state_lib.init_model(cfg, 0)
+  g_unrolled = jax.grad(lambda p: loss(unrolled_def, p))(params)
+  g_scanned = jax.grad(lambda p: loss(scanned_def, p))(scanned)
+  np.testing.assert_allclose(g_scanned['cycles']['blocks'][1]['mlp']['down'][1],
+                             g_unrolled['tail'][5]['mlp']['down'], rtol=1e-4, atol=1e-7)
+
+
+def test_scanned_params_carry_the_layers_axis():
+  cfg = small_config('swa128', num_layers=4, scan_layers=True).model
+  model = HybridLM(cfg, rngs=nnx.Rngs(0))
+  axes = model.cycles.blocks[0].mixer.wq.get_metadata()['logical_axes']
+  assert axes == ('layers', 'embed', 'heads', 'head_dim')
+
+
+@pytest.mark.parametrize('arch', ARCHES)
+def test_causal(arch):
+  cfg = small_config(arch).model
+  _, params = state_lib.init_model(cfg, 0)
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 40))
+  changed = tokens.copy()
+  changed[0, 30:] = (changed[0, 30:] + 1) % cfg.vocab_size
+  a, b = _logits(cfg, params, jnp.asarray(tokens)), _logits(cfg, params, jnp.asarray(changed))
+  np.testing.assert_array_equal(a[:, :30], b[:, :30])
+  assert np.abs(a[:, 30:] - b[:, 30:]).max() > 1e-4
+
+
+def test_sliding_window_bounds_the_receptive_field():
+  """A stack of L SWA layers with window w sees exactly L*(w-1) tokens back, no more."""
+  cfg = small_config('swa128', cycle=('swa',), num_layers=2, window=5).model
+  _, params = state_lib.init_model(cfg, 0)
+  tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 30))
+  reach = cfg.num_layers * (cfg.window - 1)  # 8
+  query = 29
+  far, near = tokens.copy(), tokens.copy()
+  far[0, query - reach - 1] += 1  # Just outside the receptive field: no effect.
+  near[0, query - reach] += 1  # Just inside: changes the logits.
+  base = _logits(cfg, params, jnp.asarray(tokens))[0, query]
+  np.testing.assert_array_equal(base, _logits(cfg, params, jnp.asarray(far))[0, query])
+  assert np.abs(base - _logits(cfg, params, jnp.asarray(near))[0, query]).max() > 1e-6
+
+
+def test_headwise_with_a_window_covering_everything_is_full_attention():
+  headwise = small_config('swa128_headwise', window=64).model
+  full = small_config('full').model
+  _, params = state_lib.init_model(headwise, 0)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(0, headwise.vocab_size, (2, 20)))
+  np.testing.assert_allclose(_logits(headwise, params, tokens), _logits(full, params, tokens), atol=1e-5)
+  narrow = small_config('swa128_headwise', window=2).model
+  assert np.abs(_logits(narrow, params, tokens) - _logits(full, params, tokens)).max() > 1e-4
+
+
+def test_nope_full_layers_ignore_position_but_rope_layers_do_not():
+  """With NoPE everywhere and one layer, the last position's output is invariant to permuting earlier tokens."""
+  cfg = small_config('full', num_layers=1, rope_full=False).model
+  _, params = state_lib.init_model(cfg, 0)
+  tokens = np.random.default_rng(4).integers(0, cfg.vocab_size, (1, 12))
+  permuted = tokens.copy()
+  permuted[0, :11] = tokens[0, :11][::-1]
+  a = _logits(cfg, params, jnp.asarray(tokens))[0, -1]
+  b = _logits(cfg, params, jnp.asarray(permuted))[0, -1]
+  np.testing.assert_allclose(a, b, atol=1e-5)
+  rope_cfg = small_config('full', num_layers=1, rope_full=True).model
+  c = _logits(rope_cfg, params, jnp.asarray(tokens))[0, -1]
+  d = _logits(rope_cfg, params, jnp.asarray(permuted))[0, -1]
+  assert np.abs(c - d).max() > 1e-4
+
+
+def test_bfloat16_compute_keeps_float32_masters():
+  cfg = small_config('swa128', dtype='bfloat16').model
+  model_def, params = state_lib.init_model(cfg, 0)
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype('float32')}
+  logits = model_def.bind(params)(jnp.zeros((1, 8), jnp.int32))
+  assert logits.dtype == jnp.bfloat16
