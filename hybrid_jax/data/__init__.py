@@ -1,0 +1,1 @@
+"""Data: tokenizers, document sources (built-in corpus, local files, TFDS) and the grain input pipeline."""

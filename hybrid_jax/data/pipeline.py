@@ -1,0 +1,181 @@
+"""grain pipelines: documents -> tokens + EOS -> long/short mixing -> packed rows -> batches.
+
+Training is an infinite, seeded `grain.IterDataset` whose iterator state (`get_state`/`set_state`, or grain's orbax
+handler) restores the stream exactly, so a resumed run sees the same batches it would have seen. Every stage is
+index-based (source slice, global shuffle, per-epoch reseed, deterministic mixing schedule, concat-then-split
+packing), which is what makes that possible.
+"""
+
+import itertools
+import logging
+
+from absl import flags
+import grain
+import numpy as np
+
+from hybrid_jax.config import ConfigError
+from hybrid_jax.data import sources as sources_lib
+from hybrid_jax.data import tokenizers
+
+log = logging.getLogger(__name__)
+
+# Documents read ahead per stream; small because documents are long (whole files) and the model consumes ~1 per step.
+_READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=32)
+# Documents tokenized, at most, to decide whether both the long and the short side exist.
+_MIX_PROBE_DOCS = 1000
+
+
+class _Tokenize:
+  """text -> int32 tokens with EOS appended (EOS separates documents once they are packed)."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+
+  def __call__(self, text: str) -> np.ndarray:
+    ids = self.tokenizer.encode(text)
+    out = np.empty(len(ids) + 1, dtype=np.int32)
+    out[:-1] = ids
+    out[-1] = self.tokenizer.eos_id
+    return out
+
+
+class _LengthFilter:
+  """Keeps non-empty documents on one side of `min_tokens` (EOS not counted); `side` None keeps every length."""
+
+  def __init__(self, min_tokens: int, side: str | None):
+    self.min_tokens, self.side = min_tokens, side
+
+  def __call__(self, tokens: np.ndarray) -> bool:
+    n = len(tokens) - 1
+    if n <= 0:
+      return False
+    if self.side is None:
+      return True
+    return (n >= self.min_tokens) == (self.side == 'long')
+
+
+def _as_row(tokens: np.ndarray) -> dict:
+  return {'tokens': tokens}
+
+
+def _is_full(row: dict) -> bool:
+  # concat-then-split pads only the final row of a finite stream; segment id 0 marks the padding.
+  return bool(row['tokens_segment_ids'][-1])
+
+
+def _row_tokens(row: dict) -> np.ndarray:
+  return row['tokens']
+
+
+def _inputs_targets(rows: np.ndarray) -> dict:
+  return {'inputs': np.ascontiguousarray(rows[:, :-1]), 'targets': np.ascontiguousarray(rows[:, 1:])}
+
+
+def _pack_and_batch(docs: grain.IterDataset, seq_len: int, batch_size: int) -> grain.IterDataset:
+  """Concatenates token streams into rows of seq_len + 1 (documents may span rows), then batches rows."""
+  rows = grain.experimental.ConcatThenSplitIterDataset(docs.map(_as_row), length_struct={'tokens': seq_len + 1})
+  rows = rows.filter(_is_full).map(_row_tokens)
+  return rows.batch(batch_size, drop_remainder=True).map(_inputs_targets)
+
+
+def _checked_tokenizer(config):
+  tokenizer = tokenizers.get_tokenizer(config.data.tokenizer)
+  if config.model.vocab_size < tokenizer.vocab_size:
+    raise ConfigError(f'config.model.vocab_size={config.model.vocab_size} is invalid: must be >= the vocabulary of '
+                      f'tokenizer {config.data.tokenizer!r} ({tokenizer.vocab_size})')
+  return tokenizer
+
+
+def _long_min_tokens(data_cfg) -> int:
+  return int(data_cfg.long_doc_min_tokens) or int(data_cfg.seq_len)
+
+
+def _sides_present(tokens: grain.MapDataset, num_docs: int, min_tokens: int) -> tuple[bool, bool]:
+  """Whether long and short documents occur among the first documents of the (shuffled) stream."""
+  has_long = has_short = False
+  for i in range(min(num_docs, _MIX_PROBE_DOCS)):
+    n = len(tokens[i]) - 1
+    has_long |= n >= min_tokens
+    has_short |= 0 < n < min_tokens
+    if has_long and has_short:
+      break
+  return has_long, has_short
+
+
+def _mixed_stream(tokens: grain.MapDataset, num_docs: int, data_cfg) -> grain.IterDataset:
+  """One stream of documents, or long and short streams interleaved long_short_ratio:1 (counted in documents).
+
+  Each side is the whole repeated stream filtered by length, so both stay infinite and index-based (checkpointable).
+  """
+  ratio = float(data_cfg.long_short_ratio)
+  min_tokens = _long_min_tokens(data_cfg)
+  has_long, has_short = _sides_present(tokens, num_docs, min_tokens)
+  if not (has_long or has_short):  # Filtering would then search forever.
+    raise sources_lib.DataError(f'no non-empty document among the first {min(num_docs, _MIX_PROBE_DOCS)} training '
+                                'documents')
+  if ratio > 0:
+    if has_long and has_short:
+      long_docs = tokens.filter(_LengthFilter(min_tokens, 'long')).to_iter_dataset(_READ_OPTIONS)
+      short_docs = tokens.filter(_LengthFilter(min_tokens, 'short')).to_iter_dataset(_READ_OPTIONS)
+      return grain.IterDataset.mix([long_docs, short_docs], weights=[ratio, 1.0])
+    log.warning('long/short mixing disabled (data.long_short_ratio=%s): no %s documents (%s %d tokens) among the '
+                'first %d of the training stream; using a single stream', ratio,
+                'long' if not has_long else 'short', '>=' if not has_long else '<', min_tokens,
+                min(num_docs, _MIX_PROBE_DOCS))
+  return tokens.filter(_LengthFilter(0, None)).to_iter_dataset(_READ_OPTIONS)
+
+
+def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
+  """Infinite training batches {'inputs', 'targets'}: int32[train.batch_size // process_count, data.seq_len].
+
+  Each process reads documents process_index::process_count; the order is a seeded shuffle, reshuffled each epoch.
+  """
+  d = config.data
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} is invalid for process_count={process_count}')
+  if config.train.batch_size % process_count:
+    raise ConfigError(f'config.train.batch_size={config.train.batch_size} is invalid: must be divisible by the '
+                      f'process count {process_count}')
+  tokenizer = _checked_tokenizer(config)
+  source = sources_lib.make_source(d, 'train')
+  docs = grain.MapDataset.source(source)[process_index::process_count]
+  if not len(docs):
+    raise sources_lib.DataError(f'{source!r} has {len(source)} training documents: too few for process '
+                                f'{process_index} of {process_count}')
+  if d.shuffle:
+    docs = docs.shuffle(seed=int(config.seed))
+  tokens = docs.repeat().map(_Tokenize(tokenizer))
+  stream = _mixed_stream(tokens, len(docs), d)
+  batches = _pack_and_batch(stream, int(d.seq_len), config.train.batch_size // process_count)
+  if d.worker_count > 0:
+    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside an absl app use their defaults.
+      flags.FLAGS.mark_as_parsed()
+    batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(d.worker_count)))
+  # Splitting by length filters out most documents of one stream by design; grain would warn about that.
+  options = grain.experimental.DatasetOptions(filter_warn_threshold_ratio=None)
+  return grain.experimental.WithOptionsIterDataset(batches, options)
+
+
+def make_eval_batches(config, num_batches: int) -> list[dict]:
+  """Up to `num_batches` held-out batches of the global batch size, in source order; the same on every call.
+
+  Fewer when the held-out text runs out (with a warning); if it cannot fill even one batch, it is repeated.
+  """
+  d = config.data
+  if num_batches <= 0:
+    raise ValueError(f'num_batches={num_batches} is invalid: must be positive')
+  tokenizer = _checked_tokenizer(config)
+  source = sources_lib.make_source(d, 'eval')
+  tokens = grain.MapDataset.source(source).map(_Tokenize(tokenizer)).filter(_LengthFilter(0, None))
+  seq_len, batch_size = int(d.seq_len), int(config.train.batch_size)
+  batches = list(itertools.islice(_pack_and_batch(tokens.to_iter_dataset(_READ_OPTIONS), seq_len, batch_size),
+                                  num_batches))
+  if len(batches) < num_batches:
+    log.warning('held-out text of %r fills only %d of %d requested eval batches (%d x %d tokens)%s', source,
+                len(batches), num_batches, batch_size, seq_len + 1, '; repeating it to fill one' if not batches else '')
+  if not batches:
+    if all(tokens[i] is None for i in range(len(tokens))):
+      raise sources_lib.DataError(f'{source!r} holds no held-out text')
+    repeated = tokens.repeat().to_iter_dataset(_READ_OPTIONS)
+    batches = list(itertools.islice(_pack_and_batch(repeated, seq_len, batch_size), 1))
+  return batches

@@ -1,0 +1,295 @@
+"""Random-access document sources (`len`, `[i] -> str`) for grain: built-in corpus, local files and TFDS.
+
+Sources hold an index (paths, byte offsets), never the text, so they stay small when grain pickles them into worker
+processes, and their `repr` is deterministic because grain records it next to iterator state. 'builtin' and 'files'
+split train/eval by a stable hash of each document's identity (relative path, plus line number for JSONL), so the
+split survives moving the corpus and never depends on Python's per-process `hash()`.
+"""
+
+import dataclasses
+import glob
+import gzip
+import hashlib
+import json
+import os
+import sysconfig
+from typing import Iterator
+
+import numpy as np
+
+from hybrid_jax.config import ConfigError
+
+TEXT_SUFFIXES = ('.txt', '.txt.gz')
+JSONL_SUFFIXES = ('.jsonl', '.jsonl.gz')
+_SKIPPED_DIRS = ('site-packages', 'dist-packages', '__pycache__')
+
+
+class DataError(ValueError):
+  """Input data is malformed; the message names the file (and line) at fault."""
+
+
+def hash_fraction(identity: str) -> float:
+  """Maps a document identity to [0, 1), identically on every machine and process."""
+  digest = hashlib.blake2b(identity.encode('utf-8', errors='surrogatepass'), digest_size=8).digest()
+  return int.from_bytes(digest, 'big') / 2.0**64
+
+
+def split_by_hash(identities, eval_fraction: float, split: str) -> np.ndarray:
+  """Indices of `identities` in `split`: eval = hash below `eval_fraction` (at least one document), train = rest."""
+  if split not in ('train', 'eval'):
+    raise ValueError(f"split={split!r} is invalid: use 'train' or 'eval'")
+  fractions = np.array([hash_fraction(i) for i in identities], dtype=np.float64)
+  is_eval = fractions < eval_fraction
+  if not is_eval.any() and len(fractions):
+    is_eval[int(np.argmin(fractions))] = True
+  return np.flatnonzero(is_eval if split == 'eval' else ~is_eval)
+
+
+def _decode(data: bytes) -> str:
+  return data.decode('utf-8', errors='replace')
+
+
+# ------------------------------------------------------------------------------------------------ built-in corpus
+
+
+def stdlib_files(root: str | None = None) -> list[str]:
+  """Sorted '/'-separated paths of the standard library's .py files, relative to `root`, without site-packages."""
+  root = root or sysconfig.get_paths()['stdlib']
+  found = []
+  for directory, subdirs, files in os.walk(root):
+    subdirs[:] = [d for d in subdirs if d not in _SKIPPED_DIRS]
+    for name in files:
+      if name.endswith('.py'):
+        found.append(os.path.relpath(os.path.join(directory, name), root).replace(os.sep, '/'))
+  return sorted(found)
+
+
+class BuiltinSource:
+  """This interpreter's standard-library sources, one document per .py file: real code with docstrings, everywhere."""
+
+  def __init__(self, split: str, eval_fraction: float, root: str | None = None):
+    self.root = root or sysconfig.get_paths()['stdlib']
+    self.split, self.eval_fraction = split, float(eval_fraction)
+    paths = [p for p in stdlib_files(self.root) if not self._is_blank(p)]
+    if not paths:
+      raise DataError(f'the built-in corpus is empty: no .py files under {self.root!r}')
+    self.paths = [paths[i] for i in split_by_hash(paths, self.eval_fraction, split)]
+
+  def _is_blank(self, rel: str) -> bool:
+    path = os.path.join(self.root, rel)
+    size = os.path.getsize(path)
+    if size > 256:  # Only tiny files (empty __init__.py) can be blank; skip reading the rest.
+      return False
+    with open(path, 'rb') as f:
+      return not f.read().strip()
+
+  def __len__(self):
+    return len(self.paths)
+
+  def __getitem__(self, index: int) -> str:
+    with open(os.path.join(self.root, self.paths[index]), 'rb') as f:
+      return _decode(f.read())
+
+  def __repr__(self):
+    return (f'BuiltinSource(root={self.root!r}, split={self.split!r}, eval_fraction={self.eval_fraction!r}, '
+            f'documents={len(self.paths)})')
+
+
+# ------------------------------------------------------------------------------------------------ local files
+
+
+def _has_glob(spec: str) -> bool:
+  return any(c in spec for c in '*?[')
+
+
+def _supported(path: str) -> bool:
+  return path.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES)
+
+
+def resolve_paths(paths: str) -> list[tuple[str, str]]:
+  """(absolute path, identity) of every .txt/.jsonl(.gz) file named by comma-separated files, dirs or globs.
+
+  The identity is the path relative to the named directory (or the file name for files and glob matches), so the
+  train/eval split does not change when the corpus moves.
+  """
+  specs = [s.strip() for s in str(paths).split(',') if s.strip()]
+  if not specs:
+    raise ConfigError(f'config.data.paths={paths!r} is invalid: names no file, directory or glob')
+  found: dict[str, str] = {}
+  for spec in specs:
+    spec_path = os.path.expanduser(spec)
+    if _has_glob(spec_path):
+      matches = sorted(m for m in glob.glob(spec_path, recursive=True) if os.path.isfile(m) and _supported(m))
+      if not matches:
+        raise ConfigError(f'config.data.paths: glob {spec!r} matches no .txt/.jsonl(.gz) file')
+      entries = [(m, os.path.basename(m)) for m in matches]
+    elif os.path.isdir(spec_path):
+      entries = []
+      for directory, subdirs, files in os.walk(spec_path):
+        subdirs.sort()
+        for name in sorted(files):
+          full = os.path.join(directory, name)
+          if _supported(full):
+            entries.append((full, os.path.relpath(full, spec_path).replace(os.sep, '/')))
+      if not entries:
+        raise ConfigError(f'config.data.paths: directory {spec!r} holds no .txt/.jsonl(.gz) file')
+    elif os.path.isfile(spec_path):
+      if not _supported(spec_path):
+        raise ConfigError(f'config.data.paths: {spec!r} is not a .txt, .jsonl, .txt.gz or .jsonl.gz file')
+      entries = [(spec_path, os.path.basename(spec_path))]
+    else:
+      raise ConfigError(f'config.data.paths: {spec!r} does not exist')
+    for full, identity in entries:
+      found.setdefault(os.path.abspath(full), identity)
+  return sorted(found.items())
+
+
+def _open(path: str):
+  return gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')
+
+
+def _jsonl_text(line: bytes, path: str, line_number: int, text_field: str) -> str:
+  try:
+    record = json.loads(_decode(line))
+  except json.JSONDecodeError as e:
+    raise DataError(f'{path}:{line_number}: not valid JSON ({e.msg} at column {e.colno})') from None
+  if not isinstance(record, dict) or text_field not in record:
+    raise DataError(f'{path}:{line_number}: JSON record has no field {text_field!r} (set config.data.text_field)')
+  text = record[text_field]
+  if not isinstance(text, str):
+    raise DataError(f'{path}:{line_number}: field {text_field!r} is a {type(text).__name__}, not a string')
+  return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+  file_index: int  # Index into the resolved file list.
+  start: int  # Byte offsets into the (decompressed) file.
+  end: int
+  identity: str  # Stable name hashed for the train/eval split.
+  text: str
+
+
+def iter_documents(files: list[tuple[str, str]], text_field: str) -> Iterator[Document]:
+  """Every non-blank document of `files` (from `resolve_paths`): a whole .txt file or one JSONL line.
+
+  Raises DataError naming file and line for a JSONL line that is not JSON or lacks `text_field`; undecodable bytes
+  are replaced (U+FFFD), never dropped.
+  """
+  for file_index, (path, identity) in enumerate(files):
+    with _open(path) as f:
+      if path.endswith(TEXT_SUFFIXES):
+        data = f.read()
+        text = _decode(data)
+        if text.strip():
+          yield Document(file_index, 0, len(data), identity, text)
+        continue
+      offset = 0
+      for line_number, line in enumerate(f, 1):
+        start, offset = offset, offset + len(line)
+        if not line.strip():
+          continue
+        text = _jsonl_text(line, path, line_number, text_field)
+        if text.strip():
+          yield Document(file_index, start, offset, f'{identity}:{line_number}', text)
+
+
+class FilesSource:
+  """Local .txt (one document per file) and .jsonl (one per line) files, optionally gzipped.
+
+  Construction scans every file once (validating JSON, skipping blank documents) and keeps byte offsets; reads seek
+  into plain files and into a per-process cache of decompressed .gz files (for corpora larger than memory, build an
+  ArrayRecord dataset with `hybrid_jax.data.tfds_local` instead).
+  """
+
+  def __init__(self, paths: str, split: str, eval_fraction: float, text_field: str = 'text'):
+    self.paths_spec, self.split, self.text_field = str(paths), split, text_field
+    self.eval_fraction = float(eval_fraction)
+    self.files = resolve_paths(paths)
+    docs = [(d.file_index, d.start, d.end, d.identity) for d in iter_documents(self.files, text_field)]
+    if not docs:
+      raise DataError(f'config.data.paths={paths!r}: every document is empty or whitespace-only')
+    keep = split_by_hash([d[3] for d in docs], self.eval_fraction, split)
+    self._index = np.array([docs[i][:3] for i in keep], dtype=np.int64).reshape(-1, 3)
+    self._gz_cache = {}
+
+  def __len__(self):
+    return len(self._index)
+
+  def _read(self, path: str, start: int, end: int) -> bytes:
+    if path.endswith('.gz'):
+      data = self._gz_cache.get(path)
+      if data is None:  # Shuffled reads jump between files, so keep each decompressed file (per process).
+        with gzip.open(path, 'rb') as f:
+          data = self._gz_cache.setdefault(path, f.read())
+      return data[start:end]
+    with open(path, 'rb') as f:
+      f.seek(start)
+      return f.read(end - start)
+
+  def __getitem__(self, index: int) -> str:
+    file_index, start, end = (int(x) for x in self._index[index])
+    path = self.files[file_index][0]
+    data = self._read(path, start, end)
+    if path.endswith(TEXT_SUFFIXES):
+      return _decode(data)
+    return _jsonl_text(data, path, 0, self.text_field)  # Lines were validated by the scan.
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    state['_gz_cache'] = {}
+    return state
+
+  def __repr__(self):
+    return (f'FilesSource(paths={self.paths_spec!r}, split={self.split!r}, eval_fraction={self.eval_fraction!r}, '
+            f'text_field={self.text_field!r}, files={len(self.files)}, documents={len(self)})')
+
+
+# ------------------------------------------------------------------------------------------------ TFDS
+
+
+class TfdsSource:
+  """A TFDS split through `tfds.data_source` (ArrayRecord, random access, no TensorFlow needed)."""
+
+  def __init__(self, name: str, split: str, data_dir: str = '', text_field: str = 'text'):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    self.name, self.split, self.data_dir, self.text_field = name, split, data_dir, text_field
+    try:
+      self._source = tfds.data_source(name, split=split, data_dir=data_dir or None)
+    except Exception as e:  # TFDS raises many types (DatasetNotFoundError, AssertionError, ValueError...).
+      raise ConfigError(f'config.data.tfds_name={name!r} (split {split!r}, data_dir {data_dir!r}) cannot be read '
+                        f'as a TFDS data source: {type(e).__name__}: {e}') from e
+
+  def __len__(self):
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> str:
+    record = self._source[index]
+    if self.text_field not in record:
+      raise DataError(f'TFDS {self.name!r} split {self.split!r} example {index} has no field {self.text_field!r} '
+                      f'(fields: {sorted(record)}; set config.data.text_field)')
+    text = record[self.text_field]
+    if isinstance(text, np.ndarray):
+      text = text.item()
+    return _decode(text) if isinstance(text, bytes) else str(text)
+
+  def __repr__(self):
+    return (f'TfdsSource(name={self.name!r}, split={self.split!r}, data_dir={self.data_dir!r}, '
+            f'text_field={self.text_field!r})')
+
+
+def make_source(data_cfg, split: str):
+  """The document source for `split` ('train' or 'eval') that `data_cfg.source` names."""
+  if split not in ('train', 'eval'):
+    raise ValueError(f"split={split!r} is invalid: use 'train' or 'eval'")
+  kind = data_cfg.source
+  if kind == 'builtin':
+    return BuiltinSource(split, data_cfg.eval_fraction)
+  if kind == 'files':
+    return FilesSource(data_cfg.paths, split, data_cfg.eval_fraction, data_cfg.text_field)
+  if kind == 'tfds':
+    if not data_cfg.tfds_name:
+      raise ConfigError("config.data.tfds_name='' is invalid: must name a TFDS dataset when data.source='tfds'")
+    tfds_split = data_cfg.tfds_train_split if split == 'train' else data_cfg.tfds_eval_split
+    return TfdsSource(data_cfg.tfds_name, tfds_split, data_cfg.tfds_data_dir, data_cfg.text_field)
+  raise ConfigError(f"config.data.source={kind!r} is invalid: allowed: builtin, files, tfds")
