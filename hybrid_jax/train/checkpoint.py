@@ -1,11 +1,14 @@
 """Orbax checkpoints of the train state and the data-iterator state, with fallback on a bad latest one.
 
-A restore walks back from the newest step: a corrupt or unreadable checkpoint is skipped with a warning, and the
-run continues from the newest one that restores. Background (async) save failures surface as CheckpointError at
+A restore walks back from the newest step: a corrupt or unreadable checkpoint is skipped with a warning and moved
+to `<directory>.unrestorable/` (kept for inspection), and the run continues from the newest one that restores. Background (async) save failures surface as CheckpointError at
 the next save or at `wait()`, never silently.
 """
 
 import logging
+import pathlib
+import shutil
+import time
 
 import grain
 import orbax.checkpoint as ocp
@@ -67,10 +70,23 @@ class Checkpointer:
         logging.warning('checkpoint at step %d in %s cannot be restored (%s: %s); falling back to an earlier one',
                         step, self.directory, type(e).__name__, e)
         continue
+      self._set_aside([s for s in steps if s > step])
       return step, restored.state
     if steps:
       raise CheckpointError(f'no checkpoint in {self.directory} could be restored:\n' + '\n'.join(errors))
     return None
+
+  def _set_aside(self, bad_steps):
+    """Moves unrestorable checkpoints out of the way (kept, not deleted) so the run can save those steps again."""
+    if not bad_steps:
+      return
+    root = pathlib.Path(self.directory)
+    quarantine = root.parent / f'{root.name}.unrestorable' / time.strftime('%Y%m%d-%H%M%S')
+    quarantine.mkdir(parents=True, exist_ok=True)
+    for step in bad_steps:
+      shutil.move(str(root / str(step)), str(quarantine / str(step)))
+      logging.warning('moved the unrestorable checkpoint of step %d to %s', step, quarantine / str(step))
+    self.manager.reload()
 
   def close(self):
     self.manager.close()

@@ -1,0 +1,188 @@
+"""The training loop end to end, and its reliability: kill -9 and resume bit for bit, SIGTERM, corrupt
+checkpoints, NaN loss, failed background saves, and the CLI."""
+
+import json
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from hybrid_jax.train import checkpoint, loop, metrics
+from tests.conftest import ROOT, small_config
+
+
+def _losses(workdir):
+  return {r['step']: r['loss'] for r in metrics.read_jsonl(pathlib.Path(workdir) / 'metrics.jsonl')
+          if r['kind'] == 'train'}
+
+
+def test_train_writes_report_metrics_and_checkpoints(small, tmp_path):
+  small.train.eval_every = 6
+  result = loop.train(small, tmp_path)
+  assert result['status'] == 'completed' and result['steps'] == 12
+  report = json.loads((tmp_path / 'report.json').read_text())
+  assert report['eval']['loss'] == pytest.approx(result['eval']['loss'])
+  assert len(report['eval']['loss_by_position']) == 4
+  assert (tmp_path / 'loss_curve.png').stat().st_size > 1000
+  losses = _losses(tmp_path)
+  assert sorted(losses) == list(range(1, 13))
+  assert losses[12] < losses[1]
+  assert [r['step'] for r in metrics.read_jsonl(tmp_path / 'metrics.jsonl') if r['kind'] == 'eval'] == [6, 12]
+  assert checkpoint.Checkpointer(tmp_path / 'checkpoints', keep=3, async_save=False).all_steps() == [4, 8, 12]
+  events = list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
+  assert events and events[0].stat().st_size > 0
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(str(events[0].parent))
+  acc.Reload()
+  assert [e.step for e in acc.Scalars('train/loss')] == list(range(1, 13))
+  assert {'train/grad_norm', 'train/lr', 'train/tokens_per_s', 'eval/loss'} <= set(acc.Tags()['scalars'])
+
+
+def test_rerun_after_completion_resumes_and_changes_nothing(small, tmp_path):
+  loop.train(small, tmp_path)
+  again = loop.train(small, tmp_path)
+  assert again['resumed_from'] == 12 and again['steps'] == 12
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(small, tmp_path, caplog):
+  loop.train(small, tmp_path)
+  latest = tmp_path / 'checkpoints' / '12'
+  for f in latest.rglob('*'):
+    if f.is_file() and f.stat().st_size > 0:
+      f.write_bytes(b'\0garbage')  # Every file of the newest checkpoint is now unreadable.
+  half_written = tmp_path / 'checkpoints' / '16.orbax-checkpoint-tmp-1700000000'
+  half_written.mkdir()
+  (half_written / 'partial').write_bytes(b'x')
+  small.train.steps = 14
+  with caplog.at_level(logging.WARNING):
+    result = loop.train(small, tmp_path)
+  assert result['resumed_from'] == 8
+  assert 'checkpoint at step 12' in caplog.text and 'falling back' in caplog.text
+  assert result['status'] == 'completed' and result['steps'] == 14
+  assert list((tmp_path / 'checkpoints.unrestorable').glob('*/12'))  # Set aside, not deleted.
+
+
+def test_every_checkpoint_corrupt_is_an_error_not_a_silent_restart(small, tmp_path):
+  small.train.steps = 4
+  loop.train(small, tmp_path)
+  for f in (tmp_path / 'checkpoints' / '4').rglob('*'):
+    if f.is_file():
+      f.write_bytes(b'')
+  with pytest.raises(checkpoint.CheckpointError, match='no checkpoint .* could be restored'):
+    loop.train(small, tmp_path)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(small, tmp_path):
+  small.train.update(dict(lr=1e12, warmup_steps=1, grad_clip=0.0, steps=40, checkpoint_every=1, schedule='constant'))
+  with pytest.raises(loop.TrainingDiverged, match=r'training loss is (nan|inf) at step (\d+)') as info:
+    loop.train(small, tmp_path)
+  bad_step = int(info.value.args[0].split(' at step ')[1].split()[0])
+  saved = checkpoint.Checkpointer(tmp_path / 'checkpoints', keep=3, async_save=False).all_steps()
+  assert saved and max(saved) == bad_step - 1
+  assert f'(step {bad_step - 1})' in str(info.value)
+
+
+class _FailingManager:
+  """Stands in for orbax's manager whose background write failed (disk full)."""
+
+  def __init__(self, real):
+    self.real = real
+
+  def __getattr__(self, name):
+    return getattr(self.real, name)
+
+  def check_for_errors(self):
+    raise OSError('No space left on device')
+
+  def wait_until_finished(self):
+    raise OSError('No space left on device')
+
+
+def test_failed_background_save_is_reported(small, tmp_path, monkeypatch):
+  original_init = checkpoint.Checkpointer.__init__
+
+  def failing_init(self, *args, **kwargs):
+    original_init(self, *args, **kwargs)
+    self.manager = _FailingManager(self.manager)
+
+  monkeypatch.setattr(checkpoint.Checkpointer, '__init__', failing_init)
+  with pytest.raises(checkpoint.CheckpointError, match='background checkpoint save .* failed: No space left'):
+    loop.train(small, tmp_path)
+
+
+def _cli(workdir, *overrides):
+  return [sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={workdir}',
+          f'--config={ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny',
+          '--config.model.d_model=32', '--config.model.num_layers=2', '--config.model.head_dim=8',
+          '--config.model.d_ff=64', '--config.model.window=16', '--config.data.seq_len=64',
+          '--config.train.batch_size=2', '--config.train.warmup_steps=2', '--config.train.log_every=1',
+          '--config.train.eval_every=0', '--config.train.progress=False', '--config.eval.batches=1',
+          '--config.train.eval_batches=1', '--config.eval.position_buckets=4', *overrides]
+
+
+def _wait_for_checkpoint(proc, workdir, step, timeout=180):
+  target = pathlib.Path(workdir) / 'checkpoints' / str(step)
+  deadline = time.time() + timeout
+  while not target.is_dir():
+    assert proc.poll() is None, f'training exited early:\n{proc.stderr.read()}'
+    assert time.time() < deadline, 'no checkpoint appeared in time'
+    time.sleep(0.02)
+
+
+def test_kill_9_then_rerun_continues_bit_for_bit(tmp_path):
+  args = ['--config.train.steps=150', '--config.train.checkpoint_every=10']
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  reference = subprocess.run(_cli(tmp_path / 'reference', *args), env=env, capture_output=True, text=True)
+  assert reference.returncode == 0, reference.stderr
+
+  victim = subprocess.Popen(_cli(tmp_path / 'killed', *args), env=env, stderr=subprocess.PIPE, text=True)
+  _wait_for_checkpoint(victim, tmp_path / 'killed', 30)
+  victim.send_signal(signal.SIGKILL)
+  assert victim.wait() == -signal.SIGKILL
+  before = _losses(tmp_path / 'killed')
+  assert max(before) < 150, 'the run finished before it was killed'
+
+  resumed = subprocess.run(_cli(tmp_path / 'killed', *args), env=env, capture_output=True, text=True)
+  assert resumed.returncode == 0, resumed.stderr
+  report = json.loads((tmp_path / 'killed' / 'report.json').read_text())
+  assert 30 <= report['resumed_from'] < 150
+  expected, got = _losses(tmp_path / 'reference'), _losses(tmp_path / 'killed')
+  assert sorted(got) == sorted(expected) == list(range(1, 151))
+  assert [got[s] for s in range(1, 151)] == [expected[s] for s in range(1, 151)]  # Exact, not approximate.
+
+
+def test_sigterm_writes_a_checkpoint_before_exiting(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = subprocess.Popen(_cli(workdir, '--config.train.steps=100000', '--config.train.checkpoint_every=20'),
+                          stderr=subprocess.PIPE, text=True)
+  _wait_for_checkpoint(proc, workdir, 20)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == 143
+  report = json.loads((workdir / 'report.json').read_text())
+  assert report['status'] == 'preempted'
+  saved = checkpoint.Checkpointer(workdir / 'checkpoints', keep=3, async_save=False).all_steps()
+  assert saved[-1] == report['steps'] == max(_losses(workdir))
+  assert saved[-1] % 20 != 0 or saved[-1] > 20  # Saved at the stop, not only at the interval.
+
+
+def test_cli_rejects_bad_config_before_compiling(tmp_path):
+  out = subprocess.run(_cli(tmp_path, '--config.model.window=0'), capture_output=True, text=True)
+  assert out.returncode == 2
+  assert 'config.model.window=0 is invalid' in out.stderr
+  assert not (tmp_path / 'checkpoints').exists()
+
+
+def test_cli_params_prints_the_study_counts():
+  out = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'params',
+                        f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=s1'], capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr
+  counts = json.loads(out.stdout)
+  assert (counts['non_embedding'], counts['embedding'], counts['total']) == (14_999_424, 56_408_064, 71_407_488)
+  unknown = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'fly'], capture_output=True, text=True)
+  assert unknown.returncode == 2 and "unknown command 'fly'" in unknown.stderr
