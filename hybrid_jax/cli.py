@@ -44,13 +44,13 @@ def cmd_params(config):
 
 COMMANDS = {'train': cmd_train, 'params': cmd_params}
 # Commands with their own argument parsing (no --config): name -> 'module:function(argv)'.
-RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main'}
+RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data.tfds_local:main'}
 
 
 def _usage() -> str:
   lines = ['usage: python -m hybrid_jax <command> [flags]', 'commands:']
   lines += [f'  {name:8s} {fn.__doc__.strip().splitlines()[0]}' for name, fn in COMMANDS.items()]
-  lines += [f'  {name:8s} benchmarks (python -m hybrid_jax {name} --help)' for name in RAW_COMMANDS]
+  lines += [f'  {name:8s} see python -m hybrid_jax {name} --help' for name in RAW_COMMANDS]
   return '\n'.join(lines)
 
 

@@ -83,3 +83,21 @@ def build_local_tfds(paths: str, data_dir: str, eval_fraction: float = 0.02, tex
   builder = LocalFilesBuilder(config=config, data_dir=data_dir, file_format='array_record')
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return f'{NAME}/{config.name}'
+
+
+def main(argv) -> int:
+  """`python -m hybrid_jax build-tfds PATHS DATA_DIR`: build the dataset and print the config flags to use it."""
+  import argparse
+  parser = argparse.ArgumentParser(prog='python -m hybrid_jax build-tfds', description=main.__doc__)
+  parser.add_argument('paths', help='comma-separated .txt / .jsonl(.gz) files, directories or globs')
+  parser.add_argument('data_dir', help='TFDS data_dir to write into')
+  parser.add_argument('--eval-fraction', type=float, default=0.02)
+  parser.add_argument('--text-field', default='text')
+  args = parser.parse_args(argv)
+  try:
+    name = build_local_tfds(args.paths, args.data_dir, args.eval_fraction, args.text_field)
+  except (ValueError, OSError) as e:
+    print(f'error: {e}', file=__import__('sys').stderr)
+    return 2
+  print(f'--config.data.source=tfds --config.data.tfds_name={name} --config.data.tfds_data_dir={args.data_dir}')
+  return 0
