@@ -44,9 +44,10 @@ def test_train_writes_report_metrics_and_checkpoints(small, tmp_path):
   assert {'train/grad_norm', 'train/lr', 'train/tokens_per_s', 'eval/loss'} <= set(acc.Tags()['scalars'])
 
 
-def test_rerun_after_completion_resumes_and_changes_nothing(small, tmp_path):
-  loop.train(small, tmp_path)
-  again = loop.train(small, tmp_path)
+def test_rerun_after_completion_resumes_and_changes_nothing(small, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  loop.train(small, 'run')  # A relative workdir, as users type it.
+  again = loop.train(small, 'run')
   assert again['resumed_from'] == 12 and again['steps'] == 12
 
 

@@ -1,8 +1,8 @@
 """Orbax checkpoints of the train state and the data-iterator state, with fallback on a bad latest one.
 
 A restore walks back from the newest step: a corrupt or unreadable checkpoint is skipped with a warning and moved
-to `<directory>.unrestorable/` (kept for inspection), and the run continues from the newest one that restores. Background (async) save failures surface as CheckpointError at
-the next save or at `wait()`, never silently.
+to `<directory>.unrestorable/` (kept for inspection), and the run continues from the newest one that restores.
+Background (async) save failures surface as CheckpointError at the next save or at `wait()`, never silently.
 """
 
 import logging
@@ -21,10 +21,10 @@ class CheckpointError(RuntimeError):
 class Checkpointer:
 
   def __init__(self, directory, *, keep: int, async_save: bool):
-    self.directory = directory
+    self.directory = pathlib.Path(directory).absolute()  # Orbax requires absolute paths.
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
                                            cleanup_tmp_directories=True)
-    self.manager = ocp.CheckpointManager(directory, options=options)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -80,7 +80,7 @@ class Checkpointer:
     """Moves unrestorable checkpoints out of the way (kept, not deleted) so the run can save those steps again."""
     if not bad_steps:
       return
-    root = pathlib.Path(self.directory)
+    root = self.directory
     quarantine = root.parent / f'{root.name}.unrestorable' / time.strftime('%Y%m%d-%H%M%S')
     quarantine.mkdir(parents=True, exist_ok=True)
     for step in bad_steps:
