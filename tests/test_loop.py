@@ -187,3 +187,20 @@ def test_cli_params_prints_the_study_counts():
   assert (counts['non_embedding'], counts['embedding'], counts['total']) == (14_999_424, 56_408_064, 71_407_488)
   unknown = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'fly'], capture_output=True, text=True)
   assert unknown.returncode == 2 and "unknown command 'fly'" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_the_readme_main_job_trains_and_reports(tmp_path):
+  """The README's main job, unchanged: the tiny SWA-128-NoPE hybrid on the built-in corpus, under 10 minutes."""
+  start = time.time()
+  out = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={tmp_path}'], capture_output=True,
+                       text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-2000:]
+  report = json.loads((tmp_path / 'report.json').read_text())
+  assert report['name'] == 'swa128_nope_tiny' and report['status'] == 'completed' and report['steps'] == 300
+  losses = _losses(tmp_path)
+  assert np.mean([losses[s] for s in range(291, 301)]) < np.mean([losses[s] for s in range(1, 11)]) - 2.0
+  assert report['eval']['loss'] < 2.5  # Byte-level held-out loss well below uniform (ln 257 = 5.5).
+  assert len(report['eval']['loss_by_position']) == 8
+  assert (tmp_path / 'loss_curve.png').is_file()
+  assert time.time() - start < 600

@@ -157,16 +157,19 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
 
 
 def make_eval_batches(config, num_batches: int) -> list[dict]:
-  """Up to `num_batches` held-out batches of the global batch size, in source order; the same on every call.
+  """Up to `num_batches` held-out batches of the global batch size; the same on every call.
 
-  Fewer when the held-out text runs out (with a warning); if it cannot fill even one batch, it is repeated.
+  Held-out documents are taken in a fixed shuffled order (seeded by config.seed), so a few batches sample many
+  documents instead of the first files of the source. Fewer batches when the held-out text runs out (with a
+  warning); if it cannot fill even one batch, it is repeated.
   """
   d = config.data
   if num_batches <= 0:
     raise ValueError(f'num_batches={num_batches} is invalid: must be positive')
   tokenizer = _checked_tokenizer(config)
   source = sources_lib.make_source(d, 'eval')
-  tokens = grain.MapDataset.source(source).map(_Tokenize(tokenizer)).filter(_LengthFilter(0, None))
+  docs = grain.MapDataset.source(source).shuffle(seed=int(config.seed))
+  tokens = docs.map(_Tokenize(tokenizer)).filter(_LengthFilter(0, None))
   seq_len, batch_size = int(d.seq_len), int(config.train.batch_size)
   batches = list(itertools.islice(_pack_and_batch(tokens.to_iter_dataset(_READ_OPTIONS), seq_len, batch_size),
                                   num_batches))
