@@ -1,0 +1,1 @@
+"""Analyses of trained models and of sweeps (scaling laws; mechanistic probes arrive later)."""
