@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates the project's virtual environment (.venv) if it is missing or older than setup.cfg / constraints.txt,
-# with hybrid_jax installed in editable mode and the test extras, then runs the given command inside it.
+# with hybrid_jax installed in editable mode and the test and eval extras, then runs the given command inside it.
 # Python comes from .python-version (3.12, through pyenv where present).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,7 +9,7 @@ if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ] || [ "$root/constrain
   echo "setting up $root/.venv (first run: a few minutes)" >&2
   (cd "$root" && python3 -m venv .venv)
   "$root/.venv/bin/python" -m pip install -q --upgrade pip
-  "$root/.venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[test]"
+  "$root/.venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[test,eval]"
   touch "$stamp"
 fi
 export PATH="$root/.venv/bin:$PATH"
