@@ -1,11 +1,13 @@
 """Attention speed: forward and forward+backward per (T, window, implementation).
 
 Reports the median step time after warm-up (compile time apart), model TFLOP/s from the visible-pair count
-(fwd 4*B*Hq*D*P, fwd+bwd 3.5x that), model GB/s (each tensor moved once), and the time growth from one T to the
-next at the same window: about 2x per doubling for a sliding window (O(T*w)), about 4x for full causal (O(T^2)).
-On CPU only these ratios mean much; absolute speed needs a GPU or TPU.
+(fwd 4*B*Hq*D*P, fwd+bwd 3.5x that), model GB/s (each tensor moved once), the time growth from one T to the
+next at the same window (about 2x per doubling for a sliding window, O(T*w); about 4x for full causal, O(T^2)),
+the speed relative to each anchor implementation (cudnn, xla) and the fraction of a bf16 GEMM ceiling, both
+measured in the same run. On CPU only ratios mean much; absolute speed needs a GPU or TPU. The GPU defaults are
+the BENCH.md anchor shapes: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows 128/512/2048/full.
 
-  python -m hybrid_jax.bench.attention --seq-lens 2048,4096 --windows 128,full --json out.json
+  python -m hybrid_jax bench attention --seq-lens 2048,4096 --windows 128,full --json out.json
 """
 
 import argparse
@@ -21,33 +23,46 @@ import numpy as np
 
 from hybrid_jax.kernels import attention
 
-# Per backend: batch, heads, head dim, dtype, repeats. CPU defaults finish in a minute or two.
+# Per backend defaults. CPU ones finish in a minute or two; GPU ones are the BENCH.md anchor shapes.
 _DEFAULTS = {
-    'cpu': dict(batch=1, heads=4, head_dim=64, dtype='float32', repeats=5),
-    'gpu': dict(batch=1, heads=16, head_dim=128, dtype='bfloat16', repeats=20),
-    'tpu': dict(batch=1, heads=16, head_dim=128, dtype='bfloat16', repeats=20),
+    'cpu': dict(seq_lens='2048,4096,8192', windows='128,full', impls='xla', batch=1, heads=4, head_dim=64,
+                dtype='float32', repeats=5, gemm=1024),
+    'gpu': dict(seq_lens='4096,32768', windows='128,512,2048,full', impls='pallas_gpu,cudnn,xla', tokens=32768,
+                heads=16, head_dim=128, dtype='bfloat16', repeats=20, gemm=8192),
+    'tpu': dict(seq_lens='4096,32768', windows='128,512,2048,full', impls='pallas_tpu,xla', tokens=32768,
+                heads=16, head_dim=128, dtype='bfloat16', repeats=20, gemm=8192),
 }
+_ANCHORS = ('cudnn', 'xla')  # Speed ratios are reported against each of these that was measured.
 
 
 def _parse(argv):
   p = argparse.ArgumentParser(prog='hybrid_jax bench attention', description=__doc__.split('\n')[0])
   ints = lambda s: [int(x) for x in s.split(',') if x]
-  p.add_argument('--seq-lens', type=ints, default=[2048, 4096, 8192], help='comma-separated T values')
-  p.add_argument('--windows', default='128,full', help="comma-separated windows; 'full' = full causal")
+  p.add_argument('--seq-lens', help='comma-separated T values (default: 2048,4096,8192 CPU; 4096,32768 GPU)')
+  p.add_argument('--windows', help="comma-separated windows; 'full' = full causal (default 128,full CPU; "
+                 '128,512,2048,full GPU)')
   p.add_argument('--heads', type=int, help='query heads (default: 4 on CPU, 16 on GPU/TPU)')
   p.add_argument('--kv-heads', type=int, help='kv heads (default: --heads)')
   p.add_argument('--head-dim', type=int, help='head dim (default: 64 on CPU, 128 on GPU/TPU)')
-  p.add_argument('--batch', type=int, help='batch size (default 1)')
+  p.add_argument('--batch', type=int, help='batch size (default 1 on CPU)')
+  p.add_argument('--tokens', type=int, help='tokens per call: batch = tokens // T (default 32768 on GPU/TPU)')
+  p.add_argument('--gemm', type=int, help='size n of the n x n x n GEMM ceiling (default 1024 CPU, 8192 else)')
+  p.add_argument('--min-seconds', type=float, default=1.0, help='time each measurement at least this long')
   p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default: float32 on CPU, else bf16')
-  p.add_argument('--impls', default='xla', help='comma-separated implementations; the first is the baseline')
+  p.add_argument('--impls', help='comma-separated implementations (default xla CPU, pallas_gpu,cudnn,xla GPU)')
   p.add_argument('--repeats', type=int,
                  help='fewest timed runs per measurement (more until 1 s); median reported (default 5 CPU, 20 else)')
   p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file')
   args = p.parse_args(argv)
+  explicit = args.batch is not None, args.tokens is not None
   for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():
     if getattr(args, key) is None:
       setattr(args, key, value)
+  if explicit == (True, False):
+    args.tokens = None  # An explicit batch wins over the backend's tokens-per-call default.
+  args.batch = args.batch or 1
   args.kv_heads = args.kv_heads or args.heads
+  args.seq_lens = ints(args.seq_lens)
   args.windows = [None if w in ('full', 'none', 'None') else int(w) for w in args.windows.split(',') if w]
   args.impls = [i for i in args.impls.split(',') if i]
   return args
@@ -76,11 +91,27 @@ def _timed(fn, args, repeats, min_seconds=1.0):
   return compile_s, 1e3 * statistics.median(times)
 
 
+def batch_for(t, args):
+  return max(1, args.tokens // t) if args.tokens else args.batch
+
+
+def ceilings(args):
+  """Same-run hardware ceilings: an n x n x n GEMM in the bench dtype (TF/s) and an elementwise copy (GB/s)."""
+  dtype, n = jnp.dtype(args.dtype), args.gemm
+  a, b = (jax.random.normal(key, (n, n), dtype) for key in jax.random.split(jax.random.key(1), 2))
+  _, gemm_ms = _timed(lambda a, b: a @ b, (a, b), args.repeats, args.min_seconds)
+  x = jnp.ones((n * n * 4,), dtype)
+  _, copy_ms = _timed(lambda x: x * 2, (x,), args.repeats, args.min_seconds)
+  return dict(gemm_n=n, gemm_ms=gemm_ms, gemm_tflops=2 * n**3 / gemm_ms / 1e9,
+              copy_gbs=2 * x.size * dtype.itemsize / copy_ms / 1e6)
+
+
 def measure(t, window, impl, args):
   """One row: fwd and fwd+bwd timings and model rates for this (T, window, implementation)."""
   dtype = jnp.dtype(args.dtype)
+  batch = batch_for(t, args)
   keys = jax.random.split(jax.random.key(0), 4)
-  shapes = [(args.batch, t, h, args.head_dim) for h in (args.heads, args.kv_heads, args.kv_heads, args.heads)]
+  shapes = [(batch, t, h, args.head_dim) for h in (args.heads, args.kv_heads, args.kv_heads, args.heads)]
   q, k, v, do = (jax.random.normal(key, s, dtype) for key, s in zip(keys, shapes))
   fwd = lambda q, k, v: attention(q, k, v, window=window, implementation=impl)
 
@@ -88,14 +119,14 @@ def measure(t, window, impl, args):
     _, vjp = jax.vjp(fwd, q, k, v)
     return vjp(do)
 
-  pairs = args.batch * visible_pairs(t, window)
+  pairs = batch * visible_pairs(t, window)
   flops = 4 * args.heads * args.head_dim * pairs
-  io = dtype.itemsize * args.batch * t * args.head_dim * (2 * args.heads + 2 * args.kv_heads)
-  row = dict(impl=impl, T=t, window=window, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
+  io = dtype.itemsize * batch * t * args.head_dim * (2 * args.heads + 2 * args.kv_heads)
+  row = dict(impl=impl, T=t, window=window, batch=batch, heads=args.heads, kv_heads=args.kv_heads,
              head_dim=args.head_dim, dtype=args.dtype, pairs=pairs, fwd_flops=flops, fwd_bwd_flops=3.5 * flops)
   try:
-    row['fwd_compile_s'], row['fwd_ms'] = _timed(fwd, (q, k, v), args.repeats)
-    row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = _timed(fwd_bwd, (q, k, v, do), args.repeats)
+    row['fwd_compile_s'], row['fwd_ms'] = _timed(fwd, (q, k, v), args.repeats, args.min_seconds)
+    row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = _timed(fwd_bwd, (q, k, v, do), args.repeats, args.min_seconds)
   except Exception as e:  # pylint: disable=broad-except  # One failing config must not end the sweep.
     row['error'] = f'{type(e).__name__}: {e}'.split('\n')[0][:200]
     return row
@@ -106,8 +137,9 @@ def measure(t, window, impl, args):
   return row
 
 
-def _add_ratios(rows, baseline):
-  """Growth of time from each T to the next (same window and impl), and speed relative to the baseline impl."""
+def _add_ratios(rows, baselines, ceiling):
+  """Growth of time from each T to the next (same window and impl), speed relative to each baseline impl
+  (baseline ms / this ms: above 1 is faster) and the fraction of the GEMM ceiling reached."""
   by_key = {}
   for row in rows:
     by_key.setdefault((row['impl'], row['window']), []).append(row)
@@ -117,30 +149,54 @@ def _add_ratios(rows, baseline):
       for m in ('fwd', 'fwd_bwd'):
         if f'{m}_ms' in row and f'{m}_ms' in prev:
           row[f'{m}_growth'] = row[f'{m}_ms'] / prev[f'{m}_ms']
-  base = {(r['T'], r['window']): r for r in rows if r['impl'] == baseline}
+  for baseline in baselines:
+    base = {(r['T'], r['window']): r for r in rows if r['impl'] == baseline}
+    for row in rows:
+      ref = base.get((row['T'], row['window']), {})
+      for m in ('fwd', 'fwd_bwd'):
+        if f'{m}_ms' in row and f'{m}_ms' in ref:
+          row[f'{m}_vs_{baseline}'] = ref[f'{m}_ms'] / row[f'{m}_ms']
   for row in rows:
-    ref = base.get((row['T'], row['window']), {})
     for m in ('fwd', 'fwd_bwd'):
-      if f'{m}_ms' in row and f'{m}_ms' in ref:
-        row[f'{m}_vs_{baseline}'] = ref[f'{m}_ms'] / row[f'{m}_ms']
+      if f'{m}_tflops' in row:
+        row[f'{m}_of_gemm'] = row[f'{m}_tflops'] / ceiling['gemm_tflops']
 
 
-def _table(rows, baseline, multi):
+def suggested_gpu_table(rows):
+  """Per window bucket of the dispatcher, the faster of pallas_gpu and cudnn (fwd+bwd, largest T measured)."""
+  from hybrid_jax.kernels.attention import api  # pylint: disable=import-outside-toplevel
+  best = {}
+  for row in sorted(rows, key=lambda r: r['T']):
+    if row['impl'] in ('pallas_gpu', 'cudnn') and 'fwd_bwd_ms' in row:
+      key = (api._bucket(row['window'], row['T']), row['T'])  # pylint: disable=protected-access
+      if key not in best or row['fwd_bwd_ms'] < best[key][1]:
+        best[key] = (row['impl'], row['fwd_bwd_ms'])
+  table = {}
+  for (bucket, _), (impl, _) in sorted(best.items(), key=lambda kv: kv[0][1]):
+    table[bucket] = impl  # Largest T last, so it wins.
+  return table
+
+
+def _table(rows, baselines):
   cols = ['impl', 'T', 'window', 'fwd ms', 'fwd TF/s', 'fwd growth', 'fwd+bwd ms', 'fwd+bwd TF/s',
           'fwd+bwd growth', 'compile s (fwd, fwd+bwd)']
-  if multi:
+  cols[1:2] = ['B', 'T']
+  for baseline in baselines:
     cols += [f'fwd speed vs {baseline}', f'fwd+bwd speed vs {baseline}']
+  cols += ['fwd+bwd / GEMM']
   f = lambda x, spec: '' if x is None else format(x, spec)
   lines = ['| ' + ' | '.join(cols) + ' |', '|' + ' --- |' * len(cols)]
   for r in rows:
     if 'error' in r:
-      cells = [r['impl'], str(r['T']), str(r['window'] or 'full'), r['error'][:80]] + [''] * (len(cols) - 4)
+      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), r['error'][:80]]
+      cells += [''] * (len(cols) - 5)
     else:
-      cells = [r['impl'], str(r['T']), str(r['window'] or 'full'), f(r['fwd_ms'], '.2f'), f(r['fwd_tflops'], '.3f'),
-               f(r.get('fwd_growth'), '.2f'), f(r['fwd_bwd_ms'], '.2f'), f(r['fwd_bwd_tflops'], '.3f'),
+      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), f(r['fwd_ms'], '.3f'), f(r['fwd_tflops'], '.3f'),
+               f(r.get('fwd_growth'), '.2f'), f(r['fwd_bwd_ms'], '.3f'), f(r['fwd_bwd_tflops'], '.3f'),
                f(r.get('fwd_bwd_growth'), '.2f'), f"{r['fwd_compile_s']:.2f}, {r['fwd_bwd_compile_s']:.2f}"]
-      if multi:
+      for baseline in baselines:
         cells += [f(r.get(f'fwd_vs_{baseline}'), '.2f'), f(r.get(f'fwd_bwd_vs_{baseline}'), '.2f')]
+      cells.append(f(r.get('fwd_bwd_of_gemm'), '.3f'))
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
@@ -152,8 +208,12 @@ def main(argv=None):
               jax=jax.__version__, numpy=np.__version__, backend=jax.default_backend(),
               device=getattr(device, 'device_kind', str(device)), device_count=jax.device_count(),
               args={k: v for k, v in vars(args).items() if k != 'json'})
-  print(f"attention bench: {meta['device']} ({meta['backend']}), jax {meta['jax']}, B={args.batch} "
+  batch = f'{args.tokens} tokens per call' if args.tokens else f'B={args.batch}'
+  print(f"attention bench: {meta['device']} ({meta['backend']}), jax {meta['jax']}, {batch} "
         f'Hq={args.heads} Hkv={args.kv_heads} D={args.head_dim} {args.dtype}, median of {args.repeats}', flush=True)
+  meta['ceiling'] = ceiling = ceilings(args)
+  print(f"  ceilings: {args.dtype} GEMM {ceiling['gemm_n']}^3 {ceiling['gemm_tflops']:.1f} TF/s, "
+        f"copy {ceiling['copy_gbs']:.0f} GB/s", flush=True)
   rows = []
   for impl in args.impls:
     for window in args.windows:
@@ -163,9 +223,14 @@ def main(argv=None):
         print(f"  {impl} T={t} window={window or 'full'}: "
               + (r['error'] if 'error' in r else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms"),
               flush=True)
-  _add_ratios(rows, args.impls[0])
-  print(_table(rows, args.impls[0], len(args.impls) > 1))
-  print('growth: time ratio to the previous T at the same window (x2 T: ~2 means O(T*w), ~4 means O(T^2)).')
+  baselines = [a for a in _ANCHORS if a in args.impls] or args.impls[:1]
+  _add_ratios(rows, baselines, ceiling)
+  print(_table(rows, baselines))
+  print('growth: time ratio to the previous T at the same window (x2 T: ~2 means O(T*w), ~4 means O(T^2)); '
+        'speed vs X: X ms / this ms (above 1: faster than X).')
+  if {'pallas_gpu', 'cudnn'} <= set(args.impls):
+    meta['suggested_gpu_table'] = {str(k): v for k, v in suggested_gpu_table(rows).items()}
+    print(f"suggested _GPU_BY_WINDOW (faster fwd+bwd per window bucket): {meta['suggested_gpu_table']}")
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -1,14 +1,17 @@
 """`attention(...)`: argument checks and the choice of implementation.
 
 Every implementation receives already-validated arguments. A new kernel is one entry in `_IMPLEMENTATIONS`
-(and, to become the automatic choice on a backend, one name in `_AUTO`).
+(and, to become the automatic choice, one name in `_AUTO` or, on GPU, in the per-window table `_GPU_BY_WINDOW`).
 """
 
 import operator
+import warnings
 
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.kernels.attention import pallas_gpu
+from hybrid_jax.kernels.attention import pallas_tpu
 from hybrid_jax.kernels.attention import reference
 from hybrid_jax.kernels.attention import xla
 
@@ -18,30 +21,72 @@ def _cudnn(q, k, v, *, window, scale, sinks, segment_ids):
   if jax.default_backend() != 'gpu':
     raise RuntimeError(f"implementation='cudnn' needs a GPU backend; the current backend is "
                        f"{jax.default_backend()!r} (use implementation='xla' or None)")
-  if sinks or segment_ids is not None:
-    raise ValueError("implementation='cudnn' supports neither sinks nor segment_ids; use 'xla'")
   local = None if window is None or window >= q.shape[1] else (window - 1, 0)
+  if (sinks and local is not None) or segment_ids is not None:  # Sinks are moot under full causal.
+    raise ValueError("implementation='cudnn' supports neither sinks nor segment_ids; use 'xla'")
   return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, local_window_size=local,
                                       implementation='cudnn')
 
 
-def _not_yet(name):
-  def unavailable(*args, **kwargs):
-    del args, kwargs
-    raise NotImplementedError(f'implementation={name!r} is not available yet in this version; use '
-                              f"'xla' (portable) or 'cudnn' (GPU)")
-  return unavailable
+def _pallas(name, kernel, backend):
+  """A Pallas kernel on its own backend, or in interpret mode on CPU (slow: tests); elsewhere a clear error."""
+  def run(q, k, v, **kw):
+    here = jax.default_backend()
+    if here not in (backend, 'cpu'):
+      raise RuntimeError(f'implementation={name!r} needs a {backend.upper()} backend (or CPU, where it runs in '
+                         f"interpret mode); the current backend is {here!r} (use implementation=None)")
+    return kernel(q, k, v, interpret=here == 'cpu', **kw)
+  return run
 
 
 _IMPLEMENTATIONS = {
     'reference': reference.attention,
     'xla': xla.attention,
     'cudnn': _cudnn,
-    'pallas_gpu': _not_yet('pallas_gpu'),
-    'pallas_tpu': _not_yet('pallas_tpu'),
+    'pallas_gpu': _pallas('pallas_gpu', pallas_gpu.attention, 'gpu'),
+    'pallas_tpu': _pallas('pallas_tpu', pallas_tpu.attention, 'tpu'),
 }
-_AUTO = {'gpu': 'xla', 'tpu': 'xla'}  # Backend -> automatic choice; anything else gets 'xla'.
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
+
+# Automatic choice on GPU by window bucket: (largest window in the bucket, None = full causal or window >= T,
+# implementation). Filled from `python -m hybrid_jax bench attention` on an H200; until measured it is cuDNN
+# everywhere, the fastest known anchor (BENCH.md). Calls the preferred kernel cannot run fall back in _FALLBACK order.
+_GPU_BY_WINDOW = ((128, 'cudnn'), (512, 'cudnn'), (2048, 'cudnn'), (None, 'cudnn'))
+_AUTO = {'tpu': 'pallas_tpu', 'cpu': 'xla'}  # Other backends; anything not listed gets 'xla'.
+_FALLBACK = ('pallas_gpu', 'cudnn', 'xla')
+_warned = set()
+
+
+def _supports(name, q, window, sinks, segment_ids):
+  """Whether the automatic choice may use `name` on the current GPU for this call."""
+  d = q.shape[3]
+  if name == 'cudnn':
+    return (q.dtype in (jnp.bfloat16, jnp.float16) and d % 8 == 0 and d <= 128 and segment_ids is None
+            and not (sinks and window is not None and window < q.shape[1]))
+  if name == 'pallas_gpu':
+    return segment_ids is None and d >= 16 and not d & (d - 1)
+  return name == 'xla'
+
+
+def _bucket(window, t):
+  """The _GPU_BY_WINDOW key of a window: the smallest bound >= window, None for full causal."""
+  full = window is None or window >= t
+  return next(bound for bound, _ in _GPU_BY_WINDOW if bound is None or (not full and window <= bound))
+
+
+def _auto(q, window, sinks, segment_ids):
+  backend = jax.default_backend()
+  if backend != 'gpu':
+    return _AUTO.get(backend, 'xla')
+  preferred = dict(_GPU_BY_WINDOW)[_bucket(window, q.shape[1])]
+  for name in (preferred,) + _FALLBACK:
+    if _supports(name, q, window, sinks, segment_ids):
+      if name != preferred and (preferred, name) not in _warned:
+        _warned.add((preferred, name))
+        warnings.warn(f'attention: {preferred!r} cannot run this call (dtype {q.dtype}, head dim {q.shape[3]}, '
+                      f'sinks {sinks}, segment_ids {segment_ids is not None}); using {name!r}')
+      return name
+  return 'xla'
 
 
 def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, implementation=None):
@@ -50,12 +95,13 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, im
   q [B,T,Hq,D], k/v [B,T,Hkv,D] with Hq % Hkv == 0. Key j is visible to query i iff j <= i and
   (i - window < j or j < sinks); window None (or >= T) is full causal. With segment_ids [B,T], only keys of the
   query's own segment are visible. scale defaults to D**-0.5.
-  implementation: None/'auto' (best available), 'reference', 'xla', 'cudnn', 'pallas_gpu', 'pallas_tpu'.
+  implementation: None/'auto' (best available: 'pallas_tpu' on TPU, per-window table on GPU, 'xla' on CPU),
+  'reference', 'xla', 'cudnn', 'pallas_gpu', 'pallas_tpu' (the Pallas ones run in interpret mode on CPU).
   Returns o [B,T,Hq,D] in q's dtype.
   """
   window, sinks = _check(q, k, v, window, sinks, segment_ids)
   if implementation in (None, 'auto'):
-    implementation = _AUTO.get(jax.default_backend(), 'xla')
+    implementation = _auto(q, window, sinks, segment_ids)
   if implementation not in _IMPLEMENTATIONS:
     raise ValueError(f'unknown attention implementation {implementation!r}; allowed: None, '
                      f"'auto', {', '.join(map(repr, IMPLEMENTATIONS))}")

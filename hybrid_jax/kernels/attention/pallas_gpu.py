@@ -1,0 +1,280 @@
+"""Flash attention for GPUs as Triton-style Pallas kernels: causal, sliding window, sinks, GQA.
+
+Three kernels: the forward (also saves each row's log-sum-exp), dK/dV (one program per kv block and query head)
+and dQ (one program per q block); the backward recomputes probabilities from the saved statistics. Each program
+loops only over the blocks its window reaches, so a window w costs O(T*w); inside that range only the boundary
+blocks build an element mask. Logits are kept in base 2 (exp2 is the native GPU instruction). GQA: k/v blocks are
+read through index maps; each query head writes its own dK/dV, summed over the group afterwards. On CPU the same
+kernels run in Pallas interpret mode (that is how tests check them).
+"""
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_jax.kernels.attention import config
+
+_LOG2E = math.log2(math.e)
+# Finite, so a tile row with no visible key never computes inf - inf; exp2 of it minus any real max is 0.
+_MASKED = -0.7 * float(np.finfo(np.float32).max)
+
+
+class _Cfg(NamedTuple):
+  """Static description of one call (hashable: it is the custom_vjp's non-differentiable argument)."""
+  scale: float
+  window: int | None  # None: full causal.
+  sinks: int
+  group: int  # Query heads per kv head.
+  blocks: config.GpuBlocks
+  interpret: bool
+
+
+def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, blocks=None, interpret=None):
+  """Causal (sliding-window) flash attention; arguments as `hybrid_jax.kernels.attention`.
+
+  blocks: a `config.GpuBlocks` overriding the table; interpret: default True off GPU.
+  """
+  if segment_ids is not None:
+    raise ValueError("implementation='pallas_gpu' does not support segment_ids; use 'xla'")
+  b, t, hq, d = q.shape
+  if interpret is None:
+    interpret = jax.default_backend() != 'gpu'
+  if not interpret and (d < 16 or d & (d - 1)):
+    raise ValueError(f"implementation='pallas_gpu' needs a power-of-two head dim >= 16 on GPU, got {d}")
+  if window is None or window >= t:
+    window, sinks = None, 0  # Every earlier key is in the window already.
+  blocks = config.gpu_blocks(d, t, blocks)
+  cfg = _Cfg(float(d**-0.5 if scale is None else scale), window, min(sinks, t), hq // k.shape[2], blocks,
+             bool(interpret))
+  tp = -(-t // max(blocks[:4])) * max(blocks[:4])
+  # Zero padding keeps pad rows finite; real queries never see pad keys (they lie in the future).
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - t), (0, 0), (0, 0)])
+  return _flash(cfg, pad(q), pad(k), pad(v))[:, :t]
+
+
+def _dot(a, b, *, ta=False, tb=False):
+  """a @ b with optional transposes, fp32 accumulation; fp32 inputs get full fp32 (not TF32) products."""
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _visible(rows, cols, cfg):
+  mask = cols <= rows
+  if cfg.window is not None:
+    in_window = cols > rows - cfg.window
+    if cfg.sinks:
+      in_window = in_window | (cols < cfg.sinks)
+    mask = mask & in_window
+  return mask
+
+
+def _div(x, n):
+  """floor(x / n) for traced x >= 0 (clamped), static n."""
+  return lax.div(jnp.maximum(x, 0), n)
+
+
+def _clip(x, lo, hi):
+  return jnp.minimum(jnp.maximum(x, lo), hi)
+
+
+def _kv_ranges(a, bq, bk, nk, cfg):
+  """KV block ranges for the q block starting at row a: (sink blocks, masked low, full, masked high).
+
+  Window blocks [lo, hi) intersect [a - w + 1, a + bq - 1]; [full_lo, full_hi) are visible to every row of the
+  block; sink blocks are those holding a sink key left of lo. All ends are exclusive.
+  """
+  hi = jnp.minimum(_div(a + bq - 1, bk) + 1, nk)
+  if cfg.window is None:
+    lo = full_lo = jnp.int32(0)
+  else:
+    lo = _div(a - cfg.window + 1, bk)
+    full_lo = _clip(_div(a + bq - cfg.window + bk - 1, bk), lo, hi)
+  full_hi = _clip(_div(a + 1, bk), full_lo, hi)
+  sink_hi = jnp.minimum(-(-cfg.sinks // bk), lo) if cfg.sinks else None
+  return sink_hi, lo, full_lo, full_hi, hi
+
+
+def _q_ranges(c, bq, bk, nq, cfg):
+  """Q block ranges that see the kv block starting at key c: [lo, full_lo) masked, [full_lo, full_hi) full,
+  [full_hi, hi) masked."""
+  lo = _div(c, bq)
+  if cfg.window is None:
+    hi = full_hi = jnp.int32(nq)
+  else:
+    hi = jnp.minimum(_div(c + bk + cfg.window - 2, bq) + 1, nq)
+    full_hi = _div(c + cfg.window, bq)
+    if cfg.sinks:
+      hi = jnp.where(c < cfg.sinks, nq, hi)
+      full_hi = jnp.where(c + bk <= cfg.sinks, nq, full_hi)
+  full_lo = _clip(_div(c + bk + bq - 2, bq), lo, hi)
+  full_hi = _clip(full_hi, full_lo, hi)
+  return lo, full_lo, full_hi, hi
+
+
+def _loop(ranges, step, carry):
+  """Runs step(masked)(block, carry) over (start, end, masked) ranges in order."""
+  for start, end, masked in ranges:
+    carry = lax.fori_loop(start, end, step(masked), carry)
+  return carry
+
+
+def _kv_loop(a, bq, bk, nk, cfg, step, carry):
+  sink_hi, lo, full_lo, full_hi, hi = _kv_ranges(a, bq, bk, nk, cfg)
+  ranges = [(lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True)]
+  if sink_hi is not None:
+    ranges.insert(0, (jnp.int32(0), sink_hi, True))
+  return _loop(ranges, step, carry)
+
+
+def _logits(q, k, rows, start_k, masked, cfg):
+  """Base-2 logits of a (q rows, k block) tile, masked to _MASKED where invisible."""
+  s = _dot(q, k, tb=True) * (cfg.scale * _LOG2E)
+  if masked:
+    cols = start_k + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    s = jnp.where(_visible(rows, cols, cfg), s, _MASKED)
+  return s
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg):
+  bq, bk = cfg.blocks.fwd_q, cfg.blocks.fwd_k
+  a = pl.program_id(2) * bq
+  q = q_ref[...]
+  rows = a + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+
+  def step(masked):
+    def body(j, carry):
+      acc, m, l = carry
+      start = pl.multiple_of(j * bk, bk)
+      k = k_ref[pl.ds(start, bk), :]
+      v = v_ref[pl.ds(start, bk), :]
+      s = _logits(q, k, rows, start, masked, cfg)
+      m_new = jnp.maximum(m, jnp.max(s, axis=1))
+      corr = jnp.exp2(m - m_new)
+      p = jnp.exp2(s - m_new[:, None])
+      return (acc * corr[:, None] + _dot(p.astype(v.dtype), v), m_new, l * corr + jnp.sum(p, axis=1))
+    return body
+
+  init = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq,), _MASKED, jnp.float32), jnp.zeros((bq,), jnp.float32))
+  acc, m, l = _kv_loop(a, bq, bk, k_ref.shape[0] // bk, cfg, step, init)
+  # Every row sees its own key, so l >= 1 once the diagonal block is in.
+  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = m + jnp.log2(l)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
+  bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
+  a = pl.program_id(2) * bq
+  q, do = q_ref[...], do_ref[...]
+  lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
+  rows = a + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+
+  def step(masked):
+    def body(j, dq):
+      start = pl.multiple_of(j * bk, bk)
+      k = k_ref[pl.ds(start, bk), :]
+      v = v_ref[pl.ds(start, bk), :]
+      p = jnp.exp2(_logits(q, k, rows, start, masked, cfg) - lse)
+      ds = p * (_dot(do, v, tb=True) - delta)
+      return dq + _dot(ds.astype(k.dtype), k)
+    return body
+
+  dq = _kv_loop(a, bq, bk, k_ref.shape[0] // bk, cfg, step, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, cfg):
+  bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
+  c = pl.program_id(2) * bk
+  k, v = k_ref[...], v_ref[...]
+
+  def step(masked):
+    def body(i, carry):
+      dk, dv = carry
+      start = pl.multiple_of(i * bq, bq)
+      q = q_ref[pl.ds(start, bq), :]
+      do = do_ref[pl.ds(start, bq), :]
+      lse = lse_ref[pl.ds(start, bq)][:, None]
+      delta = delta_ref[pl.ds(start, bq)][:, None]
+      rows = start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+      p = jnp.exp2(_logits(q, k, rows, c, masked, cfg) - lse)
+      dv = dv + _dot(p.astype(do.dtype), do, ta=True)
+      ds = p * (_dot(do, v, tb=True) - delta)
+      return dk + _dot(ds.astype(q.dtype), q, ta=True), dv
+    return body
+
+  lo, full_lo, full_hi, hi = _q_ranges(c, bq, bk, q_ref.shape[0] // bq, cfg)
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  dk, dv = _loop([(lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True)], step, (zeros, zeros))
+  dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _call(kernel, cfg, grid, in_specs, out_specs, out_shape, warps, stages):
+  params = None if cfg.interpret else plgpu.CompilerParams(num_warps=warps, num_stages=stages)
+  return pl.pallas_call(functools.partial(kernel, cfg=cfg), grid=grid, in_specs=in_specs, out_specs=out_specs,
+                        out_shape=out_shape, compiler_params=params, interpret=cfg.interpret)
+
+
+def _specs(b_shape, cfg):
+  """BlockSpecs over [B, T, H, D] and [B, H, T] arrays for a grid (batch, query head, block)."""
+  b, tp, hq, d = b_shape
+  g = cfg.group
+  tile = lambda n: pl.BlockSpec((None, n, None, d), lambda bi, h, i: (bi, i, h, 0))
+  whole = pl.BlockSpec((None, tp, None, d), lambda bi, h, i: (bi, 0, h, 0))
+  kv_tile = lambda n: pl.BlockSpec((None, n, None, d), lambda bi, h, i: (bi, i, h // g, 0))
+  kv_whole = pl.BlockSpec((None, tp, None, d), lambda bi, h, i: (bi, 0, h // g, 0))
+  row_tile = lambda n: pl.BlockSpec((None, None, n), lambda bi, h, i: (bi, h, i))
+  row_whole = pl.BlockSpec((None, None, tp), lambda bi, h, i: (bi, h, 0))
+  return tile, whole, kv_tile, kv_whole, row_tile, row_whole
+
+
+def _forward(cfg, q, k, v):
+  b, tp, hq, d = q.shape
+  bq = cfg.blocks.fwd_q
+  tile, _, _, kv_whole, row_tile, _ = _specs(q.shape, cfg)
+  return _call(_fwd_kernel, cfg, (b, hq, tp // bq), [tile(bq), kv_whole, kv_whole], [tile(bq), row_tile(bq)],
+               [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, hq, tp), jnp.float32)],
+               cfg.blocks.fwd_warps, cfg.blocks.fwd_stages)(q, k, v)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg, q, k, v):
+  return _forward(cfg, q, k, v)[0]
+
+
+def _flash_fwd(cfg, q, k, v):
+  o, lse = _forward(cfg, q, k, v)
+  return o, (q, k, v, o, lse)
+
+
+def _flash_bwd(cfg, res, do):
+  q, k, v, o, lse = res
+  b, tp, hq, d = q.shape
+  bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
+  delta = jnp.einsum('bthd,bthd->bht', do.astype(jnp.float32), o.astype(jnp.float32))
+  tile, whole, kv_tile, kv_whole, row_tile, row_whole = _specs(q.shape, cfg)
+  warps, stages = cfg.blocks.bwd_warps, cfg.blocks.bwd_stages
+  dq = _call(_dq_kernel, cfg, (b, hq, tp // bq), [tile(bq), kv_whole, kv_whole, tile(bq), row_tile(bq),
+                                                   row_tile(bq)],
+             tile(bq), jax.ShapeDtypeStruct(q.shape, q.dtype), warps, stages)(q, k, v, do, lse, delta)
+  # One dK/dV per query head; with GQA they are summed over the group in fp32.
+  part = jnp.float32 if cfg.group > 1 else k.dtype
+  dk, dv = _call(_dkv_kernel, cfg, (b, hq, tp // bk), [whole, kv_tile(bk), kv_tile(bk), whole, row_whole,
+                                                      row_whole],
+                 [tile(bk), tile(bk)], [jax.ShapeDtypeStruct(q.shape, part)] * 2, warps, stages)(
+                     q, k, v, do, lse, delta)
+  if cfg.group > 1:
+    fold = lambda x: x.reshape(b, tp, k.shape[2], cfg.group, d).sum(3).astype(k.dtype)
+    dk, dv = fold(dk), fold(dv)
+  return dq, dk, dv
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)

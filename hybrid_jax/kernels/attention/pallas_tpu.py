@@ -1,0 +1,80 @@
+"""Attention on TPU through JAX's splash attention (Pallas/Mosaic), adapted to this package's contract.
+
+Splash has no scale argument (q is pre-scaled), takes [H, T, D] per example (the batch is vmapped), handles GQA
+itself (q heads a multiple of kv heads) and skips fully masked blocks from a static mask, so a sliding window costs
+O(T*w). The mask is CausalMask, LocalMask(window_size=(w - 1, 0)) or, with sink positions, a computable mask of
+both. T is zero-padded to a multiple of the block (splash needs lane-aligned blocks of 128); pad keys lie in the
+future of every real query. On CPU it runs in Pallas interpret mode (tests only).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+from hybrid_jax.kernels.attention import config
+
+
+class _SinkWindowMask(mask_lib._ComputableMask):  # pylint: disable=protected-access
+  """Causal window of `window` keys plus the first `sinks` keys, computed inside the kernel."""
+
+  def __init__(self, shape, window, sinks):
+    self.window, self.sinks = window, sinks
+
+    def visible(q_ids, kv_ids):
+      return (q_ids >= kv_ids) & ((q_ids - kv_ids < window) | (kv_ids < sinks))
+
+    super().__init__(shape=shape, mask_function=visible)
+
+  def __eq__(self, other):
+    return isinstance(other, _SinkWindowMask) and (self.shape, self.window, self.sinks) == (
+        other.shape, other.window, other.sinks)
+
+  def __hash__(self):
+    return hash((type(self), self.shape, self.window, self.sinks))
+
+
+def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, block=None, interpret=None):
+  """Causal (sliding-window) attention via splash; arguments as `hybrid_jax.kernels.attention`.
+
+  block: splash block size (multiple of 128; default from config); interpret: default True off TPU.
+  """
+  b, t, hq, d = q.shape
+  if interpret is None:
+    interpret = jax.default_backend() != 'tpu'
+  if window is None or window >= t:
+    window, sinks = None, 0
+  scale = d**-0.5 if scale is None else scale
+  tp, block = config.tpu_blocks(t, block)
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).transpose(0, 2, 1, 3)  # -> [B, H, Tp, D]
+  kernel = _kernel(tp, hq, window, min(sinks, t), block, bool(interpret))
+  # Splash has no scale: fold it into q in fp32, then back to the input dtype.
+  qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+  if segment_ids is None:
+    o = jax.vmap(kernel)(pad(qs), pad(k), pad(v))
+  else:
+    # Pad positions get their own segment (-1): they see only each other, real queries never see them.
+    seg = jnp.pad(segment_ids.astype(jnp.int32), [(0, 0), (0, tp - t)], constant_values=-1)
+    o = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s)))(
+        pad(qs), pad(k), pad(v), seg)
+  return o.transpose(0, 2, 1, 3)[:, :t]
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(tp, heads, window, sinks, block, interpret):
+  """One splash kernel per static configuration (building its block mask is host work; cache it)."""
+  shape = (tp, tp)
+  if window is None:
+    head_mask = mask_lib.CausalMask(shape)
+  elif sinks:
+    head_mask = _SinkWindowMask(shape, window, sinks)
+  else:
+    head_mask = mask_lib.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  with jax.ensure_compile_time_eval():  # Its mask arrays are constants, even when first built under jit.
+    return splash.make_splash_mha(mask_lib.MultiHeadMask([head_mask] * heads), block_sizes=sizes, head_shards=1,
+                                  q_seq_shards=1, interpret=interpret)
+
