@@ -36,6 +36,13 @@ class Block(nnx.Module):
     x = x + self.mixer(self.mixer_norm(x), positions).astype(x.dtype)
     return x + self.mlp(self.mlp_norm(x)).astype(x.dtype)
 
+  def decode(self, x, where, state, *, prefill: bool):
+    """Prefill (x [B,T,d] at positions `where`) or one step (x [B,1,d] at position `where`), with mixer state."""
+    mix = self.mixer.prefill if prefill else self.mixer.step
+    y, state = mix(self.mixer_norm(x), where, state)
+    x = x + y.astype(x.dtype)
+    return x + self.mlp(self.mlp_norm(x)).astype(x.dtype), state
+
 
 class Cycle(nnx.Module):
   """One repeat of the layer pattern (e.g. [SWA block, full block])."""
@@ -47,6 +54,13 @@ class Cycle(nnx.Module):
     for block in self.blocks:
       x = block(x, positions)
     return x
+
+  def decode(self, x, where, states, *, prefill: bool):
+    new_states = []
+    for block, state in zip(self.blocks, states):
+      x, state = block.decode(x, where, state, prefill=prefill)
+      new_states.append(state)
+    return x, new_states
 
 
 def _stack_modules(modules):
@@ -110,3 +124,40 @@ class HybridLM(nnx.Module):
     """Logits [B, T, vocab] (compute dtype) for int tokens [B, T]."""
     h = self.hidden_states(tokens, positions)
     return h @ self.lm_head[...].astype(self.dtype)
+
+  # ------------------------------------------------------------------------------------------- decoding
+  def init_decode_state(self, batch: int, max_len: int) -> dict:
+    """Per-layer decode states (KV caches, SWA rings, recurrent states) for up to max_len tokens."""
+    state = {'tail': [block.mixer.init_state(batch, max_len) for block in self.tail]}
+    if self.scan_layers:
+      one = [block.mixer.init_state(batch, max_len) for block in self.cycles.blocks]
+      n = jax.tree.leaves(nnx.state(self.cycles))[0].shape[0]
+      state['cycles'] = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), one)
+    return state
+
+  def _decode(self, tokens, where, state, *, prefill: bool):
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+    new_state = {}
+    if self.scan_layers:
+      graphdef, stacked = nnx.split(self.cycles)
+
+      def body(h, params_and_state):
+        params, layer_state = params_and_state
+        return nnx.merge(graphdef, params).decode(h, where, layer_state, prefill=prefill)
+
+      x, new_state['cycles'] = jax.lax.scan(body, x, (stacked, state['cycles']))
+    new_state['tail'] = []
+    for block, layer_state in zip(self.tail, state['tail']):
+      x, layer_state = block.decode(x, where, layer_state, prefill=prefill)
+      new_state['tail'].append(layer_state)
+    logits = self.final_norm(x) @ self.lm_head[...].astype(self.dtype)
+    return logits, new_state
+
+  def prefill(self, tokens, state):
+    """Logits [B, T, vocab] of a prompt (positions 0..T-1) through the parallel path, and the filled state."""
+    return self._decode(tokens, jnp.arange(tokens.shape[1], dtype=jnp.int32), state, prefill=True)
+
+  def step(self, token, position, state):
+    """Logits [B, vocab] of one token [B] at `position` (a scalar), and the updated state."""
+    logits, state = self._decode(token[:, None], position, state, prefill=False)
+    return logits[:, 0], state

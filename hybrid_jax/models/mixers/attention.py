@@ -4,10 +4,12 @@ Projections are stored per head ([embed, heads, head_dim]) so that tensor parall
 attention itself goes through hybrid_jax.kernels.attention, whose implementation the config picks.
 """
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax import kernels
+from hybrid_jax.models import cache as cache_lib
 from hybrid_jax.models.layers import dtype_of, param, rope
 
 
@@ -28,7 +30,7 @@ class Attention(nnx.Module):
     impl = cfg.attention_implementation
     self.implementation = None if impl == 'auto' else impl
 
-  def __call__(self, x, positions):
+  def _qkv(self, x, positions):
     dt = self.dtype
     x = x.astype(dt)
     q = jnp.einsum('btd,dhk->bthk', x, self.wq[...].astype(dt))
@@ -37,11 +39,55 @@ class Attention(nnx.Module):
     if self.spec.rope:
       q = rope(q, positions, base=self.rope_base)
       k = rope(k, positions, base=self.rope_base)
+    return q, k, v
+
+  def _out(self, o):
+    return jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype))
+
+  def __call__(self, x, positions):
+    q, k, v = self._qkv(x, positions)
     if self.spec.kind == 'headwise':
       o = self._headwise(q, k, v)
     else:
       o = kernels.attention(q, k, v, window=self.spec.window, implementation=self.implementation)
-    return jnp.einsum('bthk,hkd->btd', o.astype(dt), self.wo[...].astype(dt))
+    return self._out(o)
+
+  # ------------------------------------------------------------------------------------------- decoding
+  def _groups(self):
+    """(window, kv-head slice) of each cache: one for full/SWA layers, two for head-wise layers."""
+    hkv = self.wk.shape[-2]  # (also right on a scanned stack, whose params have a leading layers axis)
+    if self.spec.kind == 'headwise':
+      n_swa = hkv - self.spec.full_kv_heads
+      return [(self.spec.window, slice(0, n_swa)), (None, slice(n_swa, hkv))]
+    return [(self.spec.window, slice(0, hkv))]
+
+  def init_state(self, batch: int, max_len: int):
+    """KV caches: max_len entries for full attention, a ring of min(w, max_len) entries for a window w."""
+    hd = self.wk.shape[-1]
+    return [cache_lib.init_kv(batch, max_len if w is None else min(w, max_len), kv.stop - kv.start, hd, self.dtype)
+            for w, kv in self._groups()]
+
+  def prefill(self, x, positions, state):
+    """The parallel forward pass over a prompt (positions 0..T-1), also filling the caches."""
+    q, k, v = self._qkv(x, positions)
+    o = self._headwise(q, k, v) if self.spec.kind == 'headwise' else kernels.attention(
+        q, k, v, window=self.spec.window, implementation=self.implementation)
+    state = [cache_lib.write_prefix(c, k[:, :, kv], v[:, :, kv]) for c, (_, kv) in zip(state, self._groups())]
+    return self._out(o), state
+
+  def step(self, x, position, state):
+    """One token x [B, 1, d] at `position` against the caches."""
+    q, k, v = self._qkv(x, jnp.reshape(position, (1,)))
+    outs, new_state = [], []
+    for cache, (window, kv) in zip(state, self._groups()):
+      cache = cache_lib.write_one(cache, k[:, 0, kv], v[:, 0, kv], position)
+      held = cache_lib.slot_positions(cache['k'].shape[1], position)
+      visible = (held >= 0) if window is None else (held >= 0) & (held > position - window)
+      q_group = q[:, 0, kv.start * self.groups:kv.stop * self.groups]
+      outs.append(_attend_one(q_group, cache['k'], cache['v'], visible))
+      new_state.append(cache)
+    o = jnp.concatenate(outs, axis=1)[:, None]
+    return self._out(o), new_state
 
   def _headwise(self, q, k, v):
     """The first KV groups attend through the window, the last `full_kv_heads` groups attend fully."""
@@ -52,3 +98,15 @@ class Attention(nnx.Module):
     o_full = kernels.attention(q[:, :, n_swa_q:], k[:, :, n_swa_kv:], v[:, :, n_swa_kv:],
                                window=None, implementation=self.implementation)
     return jnp.concatenate([o_swa, o_full], axis=2)
+
+
+def _attend_one(q, k, v, visible):
+  """Softmax attention of one query per row, q [B, Hq, D], over cached k/v [B, S, Hkv, D] where `visible` [S]."""
+  b, hq, d = q.shape
+  hkv = k.shape[2]
+  qg = q.reshape(b, hkv, hq // hkv, d)
+  logits = jnp.einsum('bhgd,bshd->bhgs', qg, k, preferred_element_type=jnp.float32) * d ** -0.5
+  logits = jnp.where(visible, logits, -jnp.inf)
+  p = jax.nn.softmax(logits, axis=-1)
+  o = jnp.einsum('bhgs,bshd->bhgd', p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return o.reshape(b, hq, d).astype(q.dtype)

@@ -1,0 +1,78 @@
+"""Decoding: prefill + one-token steps reproduce the full forward pass; SWA decode memory is O(w); greedy
+generation with EOS and stop strings."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.eval.generate import Generator, stop_on_strings
+from hybrid_jax.train import state as state_lib
+from tests.conftest import small_config
+
+ATTENTION_ARCHES = ['full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise']
+
+
+def _decode_logits(model_def, params, tokens, prompt_len):
+  model = model_def.bind(params)
+  state = model.init_decode_state(tokens.shape[0], tokens.shape[1])
+  prefill = jax.jit(lambda p, t, s: model_def.bind(p).prefill(t, s))
+  step = jax.jit(lambda p, t, pos, s: model_def.bind(p).step(t, pos, s))
+  logits, state = prefill(params, tokens[:, :prompt_len], state)
+  out = [logits]
+  for pos in range(prompt_len, tokens.shape[1]):
+    logits, state = step(params, tokens[:, pos], jnp.int32(pos), state)
+    out.append(logits[:, None])
+  return jnp.concatenate(out, axis=1)
+
+
+def _forward(model_def, params, tokens):
+  return jax.jit(lambda p, t: model_def.bind(p)(t))(params, tokens)
+
+
+@pytest.mark.parametrize('arch, scan', [(arch, False) for arch in ATTENTION_ARCHES] + [('swa128', True)])
+def test_prefill_plus_steps_equal_one_forward_pass(arch, scan):
+  cfg = small_config(arch, window=5, num_layers=5, scan_layers=scan).model  # Scanned swa128: 2 cycles + 1.
+  model_def, params = state_lib.init_model(cfg, 0)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 19)))
+  expected = _forward(model_def, params, tokens)
+  got = _decode_logits(model_def, params, tokens, prompt_len=7)  # Steps cross the window several times.
+  np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_sliding_window_decode_state_is_a_ring_of_w_entries():
+  cfg = small_config('swa128', window=5).model
+  model_def, params = state_lib.init_model(cfg, 0)
+  model = model_def.bind(params)
+  short, long = model.init_decode_state(1, 64), model.init_decode_state(1, 4096)
+  swa_short, full_short = short['tail'][0][0]['k'], short['tail'][1][0]['k']
+  swa_long, full_long = long['tail'][0][0]['k'], long['tail'][1][0]['k']
+  assert swa_short.shape[1] == swa_long.shape[1] == 5  # O(w) whatever the context ...
+  assert (full_short.shape[1], full_long.shape[1]) == (64, 4096)  # ... while full attention keeps everything.
+
+
+def test_greedy_generation_matches_argmax_of_the_forward_pass():
+  cfg = small_config('swa128_nope', window=5).model
+  model_def, params = state_lib.init_model(cfg, 0)
+  gen = Generator(model_def, params)
+  prompts = [[1, 2, 3, 4], [9, 8, 7, 6], [5, 5, 5]]
+  outs = gen.generate(prompts, max_new_tokens=6, batch_size=2)
+  assert [len(o) for o in outs] == [6, 6, 6]
+  for prompt, out in zip(prompts, outs):  # Teacher-force the generated text: each token is the argmax.
+    logits = _forward(model_def, params, jnp.asarray([prompt + out]))
+    assert list(np.asarray(jnp.argmax(logits[0, len(prompt) - 1:-1], axis=-1))) == out
+
+
+def test_generation_stops_at_eos_and_at_stop_strings():
+  cfg = small_config('swa128', window=5).model
+  model_def, params = state_lib.init_model(cfg, 0)
+  free = Generator(model_def, params).generate([[1, 2, 3]], max_new_tokens=8)[0]
+  eos = free[2]
+  stopped = Generator(model_def, params, eos_id=eos).generate([[1, 2, 3]], max_new_tokens=8)[0]
+  assert stopped == free[:free.index(eos)]
+  as_text = lambda ids: ' '.join(map(str, ids))
+  cut = Generator(model_def, params).generate([[1, 2, 3]], max_new_tokens=8,
+                                              stop=stop_on_strings(as_text, [str(free[1])]))[0]
+  assert cut == free[:2] or (free[0] == free[1] and cut == free[:1])
+  with pytest.raises(ValueError, match='at least one token'):
+    Generator(model_def, params).generate([[]], max_new_tokens=2)
