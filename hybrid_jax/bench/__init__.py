@@ -5,7 +5,8 @@ Benchmarks are programs, never timed tests: timings depend on the machine and ar
 
 import importlib
 
-BENCHMARKS = {'attention': 'hybrid_jax.bench.attention'}
+BENCHMARKS = {'attention': 'hybrid_jax.bench.attention', 'scan': 'hybrid_jax.bench.scan',
+              'decode': 'hybrid_jax.bench.decode'}
 
 
 def main(argv) -> int:

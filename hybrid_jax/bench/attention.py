@@ -13,14 +13,13 @@ the BENCH.md anchor shapes: bf16, 16 heads of 128, 32,768 tokens per call (8x4K,
 import argparse
 import datetime
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax.bench import timing
 from hybrid_jax.kernels import attention
 
 # Per backend defaults. CPU ones finish in a minute or two; GPU ones are the BENCH.md anchor shapes.
@@ -74,21 +73,6 @@ def visible_pairs(t, window):
   return w * (w + 1) // 2 + (t - w) * w
 
 
-def _timed(fn, args, repeats, min_seconds=1.0):
-  """(compile seconds, median milliseconds) of jit(fn) on args, after one warm-up call.
-
-  Fast configurations run more than `repeats` times (until min_seconds) so the median is not one noisy sample.
-  """
-  start = time.perf_counter()
-  compiled = jax.jit(fn).lower(*args).compile()
-  compile_s = time.perf_counter() - start
-  jax.block_until_ready(compiled(*args))
-  times = []
-  while len(times) < repeats or (sum(times) < min_seconds and len(times) < 1000):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - start)
-  return compile_s, 1e3 * statistics.median(times)
 
 
 def batch_for(t, args):
@@ -99,9 +83,9 @@ def ceilings(args):
   """Same-run hardware ceilings: an n x n x n GEMM in the bench dtype (TF/s) and an elementwise copy (GB/s)."""
   dtype, n = jnp.dtype(args.dtype), args.gemm
   a, b = (jax.random.normal(key, (n, n), dtype) for key in jax.random.split(jax.random.key(1), 2))
-  _, gemm_ms = _timed(lambda a, b: a @ b, (a, b), args.repeats, args.min_seconds)
+  _, gemm_ms = timing.timed(lambda a, b: a @ b, (a, b), args.repeats, args.min_seconds)
   x = jnp.ones((n * n * 4,), dtype)
-  _, copy_ms = _timed(lambda x: x * 2, (x,), args.repeats, args.min_seconds)
+  _, copy_ms = timing.timed(lambda x: x * 2, (x,), args.repeats, args.min_seconds)
   return dict(gemm_n=n, gemm_ms=gemm_ms, gemm_tflops=2 * n**3 / gemm_ms / 1e9,
               copy_gbs=2 * x.size * dtype.itemsize / copy_ms / 1e6)
 
@@ -125,8 +109,8 @@ def measure(t, window, impl, args):
   row = dict(impl=impl, T=t, window=window, batch=batch, heads=args.heads, kv_heads=args.kv_heads,
              head_dim=args.head_dim, dtype=args.dtype, pairs=pairs, fwd_flops=flops, fwd_bwd_flops=3.5 * flops)
   try:
-    row['fwd_compile_s'], row['fwd_ms'] = _timed(fwd, (q, k, v), args.repeats, args.min_seconds)
-    row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = _timed(fwd_bwd, (q, k, v, do), args.repeats, args.min_seconds)
+    row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (q, k, v), args.repeats, args.min_seconds)
+    row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (q, k, v, do), args.repeats, args.min_seconds)
   except Exception as e:  # pylint: disable=broad-except  # One failing config must not end the sweep.
     row['error'] = f'{type(e).__name__}: {e}'.split('\n')[0][:200]
     return row

@@ -1,0 +1,23 @@
+"""Device-synchronised timing shared by the benchmark programs."""
+
+import statistics
+import time
+
+import jax
+
+
+def timed(fn, args, repeats, min_seconds=1.0):
+  """(compile seconds, median milliseconds) of jit(fn) on args, after one warm-up call.
+
+  Fast configurations run more than `repeats` times (until min_seconds) so the median is not one noisy sample.
+  """
+  start = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  compile_s = time.perf_counter() - start
+  jax.block_until_ready(compiled(*args))
+  times = []
+  while len(times) < repeats or (sum(times) < min_seconds and len(times) < 1000):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - start)
+  return compile_s, 1e3 * statistics.median(times)

@@ -1,0 +1,52 @@
+"""`gated_delta_rule(...)` and its decode step: argument checks and the choice of implementation.
+
+Head layout, state dtype and the concreteness rule for value checks follow the linear scan (see
+`hybrid_jax.kernels.linear_scan.api`). k is expected L2-normalised and beta in [0, 1] (the layer ensures both):
+then (I + L)^-1 stays bounded; with raw keys it blows up. The endpoints 0 and 1 are accepted because a float32
+sigmoid saturates to exactly 1.
+"""
+
+from hybrid_jax.kernels.delta_rule import reference
+from hybrid_jax.kernels.delta_rule import xla
+from hybrid_jax.kernels.linear_scan.api import check_common
+from hybrid_jax.kernels.linear_scan.api import check_gate
+from hybrid_jax.kernels.linear_scan.api import check_step
+from hybrid_jax.kernels.linear_scan.api import not_yet
+from hybrid_jax.kernels.linear_scan.api import resolve
+from hybrid_jax.kernels.linear_scan.api import run_step
+
+_IMPLEMENTATIONS = {
+    'reference': lambda q, k, v, g, beta, *, scale, initial_state, chunk_size: reference.gated_delta_rule(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state),
+    'xla': xla.gated_delta_rule,
+    'pallas_gpu': not_yet('pallas_gpu'),
+    'pallas_tpu': not_yet('pallas_tpu'),
+}
+IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
+
+
+def gated_delta_rule(q, k, v, log_decay, beta, *, scale=None, initial_state=None, chunk_size=64,
+                     implementation=None):
+  """Gated DeltaNet: S_t = exp(g_t)(I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = scale * S_t^T q_t.
+
+  q/k [B,T,Hk,K] (k L2-normalised), v [B,T,Hv,V] (Hv % Hk == 0), log_decay <= 0 [B,T,Hv] (or [Hv]),
+  beta in [0, 1] [B,T,Hv], initial_state [B,Hv,K,V] or None; scale defaults to K**-0.5.
+  implementation: None/'auto' (xla), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu'.
+  Returns o [B,T,Hv,V] in q's dtype and the final state [B,Hv,K,V] (float32, float64 for float64 inputs).
+  """
+  (b, t, _, dk, hv, _), chunk_size = check_common(q, k, v, initial_state, chunk_size)
+  fn = resolve(implementation, _IMPLEMENTATIONS, 'gated_delta_rule')
+  log_decay = check_gate('log_decay', log_decay, (b, t, hv), hi=0, allow_per_head=True)
+  beta = check_gate('beta', beta, (b, t, hv), lo=0, hi=1)
+  scale = dk**-0.5 if scale is None else scale
+  return fn(q, k, v, log_decay, beta, scale=scale, initial_state=initial_state, chunk_size=chunk_size)
+
+
+def gated_delta_rule_step(state, q_t, k_t, v_t, log_decay_t, beta_t, *, scale=None):
+  """One decode token of `gated_delta_rule`: q_t/k_t [B,Hk,K], v_t [B,Hv,V], log_decay_t/beta_t [B,Hv].
+
+  Returns (o_t [B,Hv,V] in q_t's dtype, new state [B,Hv,K,V] float32).
+  """
+  gates = check_step(state, q_t, k_t, v_t,
+                     {'log_decay_t': (log_decay_t, dict(hi=0)), 'beta_t': (beta_t, dict(lo=0, hi=1))})
+  return run_step(state, q_t, k_t, v_t, gates['log_decay_t'], gates['beta_t'], scale)

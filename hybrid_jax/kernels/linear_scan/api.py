@@ -1,0 +1,165 @@
+"""`linear_scan(...)` and its decode step: argument checks and the choice of implementation.
+
+Head layout (GVA): q and k have Hk heads, v has Hv heads with Hv % Hk == 0; value head h reads key head
+h // (Hv // Hk). The state, the log decay (and beta for the delta rule) belong to value heads: states are
+[B, Hv, K, V], per-token gates [B, T, Hv], constant gates [Hv]. States are float32 (float64 for float64 inputs).
+Value checks (log_decay <= 0, beta in [0, 1]) run only on concrete arrays; under jit they are skipped.
+"""
+
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_jax.kernels.linear_scan import reference
+from hybrid_jax.kernels.linear_scan import xla
+
+_AUTO = {}  # Backend -> automatic choice; anything not listed gets 'xla'.
+IMPLEMENTATION_NAMES = ('reference', 'xla', 'pallas_gpu', 'pallas_tpu')
+
+
+def not_yet(name):
+  def unavailable(*args, **kwargs):
+    del args, kwargs
+    raise NotImplementedError(f'implementation={name!r} is not available yet in this version; use '
+                              "'xla' (chunked, the default) or 'reference' (token by token)")
+  return unavailable
+
+
+def resolve(implementation, table, kernel):
+  """The callable for an implementation name (None/'auto' -> per-backend default)."""
+  if implementation in (None, 'auto'):
+    implementation = _AUTO.get(jax.default_backend(), 'xla')
+  if not isinstance(implementation, str) or implementation not in table:
+    raise ValueError(f'unknown {kernel} implementation {implementation!r}; allowed: None, '
+                     f"'auto', {', '.join(map(repr, table))}")
+  return table[implementation]
+
+
+def _concrete(x):
+  """x as a NumPy array, or None while tracing (values unknown)."""
+  try:
+    return np.asarray(x)
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return None
+
+
+def check_gate(name, x, shape, *, lo=None, hi=None, allow_per_head=False):
+  """Shape (and, when concrete, range) check of log_decay / beta; returns x broadcast to `shape`."""
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f'{name} must be floating point, got {x.dtype}')
+  if allow_per_head and x.shape == shape[-1:]:
+    x = jnp.broadcast_to(x, shape)
+  if x.shape != shape:
+    allowed = f'{shape} [B, T, Hv]' + (f' or {shape[-1:]} [Hv]' if allow_per_head else '')
+    raise ValueError(f'{name} must have shape {allowed} (one value per value head), got {x.shape}')
+  values = _concrete(x)
+  if values is not None:
+    if np.isnan(values).any():
+      raise ValueError(f'{name} contains NaN')
+    if lo is not None and (values < lo).any():
+      raise ValueError(f'{name} must be >= {lo}, got min {values.min()}')
+    if hi is not None and (values > hi).any():
+      raise ValueError(f'{name} must be <= {hi}' + (' (a log decay; exp(g) <= 1)' if hi == 0 else '') +
+                       f', got max {values.max()}')
+  return x
+
+
+def check_common(q, k, v, initial_state, chunk_size):
+  """Shapes and dtypes shared by both scans; returns (B, T, Hk, K, Hv, V) and chunk_size as an int."""
+  for name, x in (('q', q), ('k', k), ('v', v)):
+    if jnp.ndim(x) != 4:
+      raise ValueError(f'{name} must have rank 4 [B, T, H, D], got shape {jnp.shape(x)}')
+  if q.shape != k.shape:
+    raise ValueError(f'q and k must have the same shape [B, T, Hk, K], got q {q.shape} and k {k.shape}')
+  b, t, hk, dk = q.shape
+  _, _, hv, dv = v.shape
+  if v.shape[:2] != (b, t):
+    raise ValueError(f'v [B, T, Hv, V] must match q [B, T, Hk, K] in B and T, got q {q.shape}, v {v.shape}')
+  if hv % hk:
+    raise ValueError(f'value heads Hv={hv} must be a multiple of key heads Hk={hk}')
+  if not (q.dtype == k.dtype == v.dtype) or not jnp.issubdtype(q.dtype, jnp.floating):
+    raise ValueError(f'q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}')
+  if initial_state is not None:
+    if jnp.shape(initial_state) != (b, hv, dk, dv):
+      raise ValueError(f'initial_state must have shape [B, Hv, K, V] = {(b, hv, dk, dv)}, got '
+                       f'{jnp.shape(initial_state)}')
+  if isinstance(chunk_size, bool):
+    raise ValueError(f'chunk_size must be a positive int, got {chunk_size!r}')
+  try:
+    chunk_size = operator.index(chunk_size)
+  except TypeError:
+    raise ValueError(f'chunk_size must be a static positive int, got {chunk_size!r}') from None
+  if chunk_size <= 0:
+    raise ValueError(f'chunk_size must be positive, got {chunk_size}')
+  return (b, t, hk, dk, hv, dv), chunk_size
+
+
+def check_step(state, q_t, k_t, v_t, gates):
+  """Shapes for one decode token; returns gates broadcast to [B, Hv] (name -> array or None)."""
+  for name, x in (('q_t', q_t), ('k_t', k_t), ('v_t', v_t)):
+    if jnp.ndim(x) != 3:
+      raise ValueError(f'{name} must have rank 3 [B, H, D], got shape {jnp.shape(x)}')
+  if q_t.shape != k_t.shape:
+    raise ValueError(f'q_t and k_t must have the same shape, got {q_t.shape} and {k_t.shape}')
+  b, hk, dk = q_t.shape
+  _, hv, dv = v_t.shape
+  if v_t.shape[0] != b or hv % hk:
+    raise ValueError(f'v_t [B, Hv, V] must match q_t [B, Hk, K] in B with Hv % Hk == 0, got q_t '
+                     f'{q_t.shape}, v_t {v_t.shape}')
+  if jnp.shape(state) != (b, hv, dk, dv):
+    raise ValueError(f'state must have shape [B, Hv, K, V] = {(b, hv, dk, dv)}, got {jnp.shape(state)}')
+  out = {}
+  for name, (x, kw) in gates.items():
+    out[name] = check_gate(name, x, (b, hv), allow_per_head=name.startswith('log_decay'), **kw)
+  return out
+
+
+def run_step(state, q_t, k_t, v_t, g_t, beta_t, scale):
+  """Shared decode step: expands key heads to value heads by index and applies one token."""
+  hk, dk = q_t.shape[1:]
+  hv = v_t.shape[1]
+  ct = reference.compute_dtype(q_t.dtype, v_t.dtype)
+  heads = jnp.arange(hv) // (hv // hk)
+  scale = dk**-0.5 if scale is None else scale
+  cast = lambda x: None if x is None else x.astype(ct)
+  o_t, state = reference.step(cast(state), cast(q_t[:, heads]), cast(k_t[:, heads]), cast(v_t), cast(g_t),
+                              cast(beta_t), scale)
+  return o_t.astype(q_t.dtype), state
+
+
+_IMPLEMENTATIONS = {
+    'reference': lambda q, k, v, g, *, scale, initial_state, chunk_size: reference.linear_scan(
+        q, k, v, g, scale=scale, initial_state=initial_state),
+    'xla': xla.linear_scan,
+    'pallas_gpu': not_yet('pallas_gpu'),
+    'pallas_tpu': not_yet('pallas_tpu'),
+}
+IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
+
+
+def linear_scan(q, k, v, log_decay, *, scale=None, initial_state=None, chunk_size=64, implementation=None):
+  """Scalar-decay linear scan (Lightning attention, Mamba-2 SSD): S_t = exp(g_t) S_{t-1} + k_t v_t^T,
+  o_t = scale * S_t^T q_t.
+
+  q/k [B,T,Hk,K], v [B,T,Hv,V] (Hv % Hk == 0), log_decay <= 0 of shape [B,T,Hv] or [Hv] (constant per head),
+  initial_state [B,Hv,K,V] or None (zeros); scale defaults to K**-0.5. T need not be a multiple of chunk_size.
+  implementation: None/'auto' (xla), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu'.
+  Returns o [B,T,Hv,V] in q's dtype and the final state [B,Hv,K,V] (float32, float64 for float64 inputs).
+  """
+  (b, t, _, dk, hv, _), chunk_size = check_common(q, k, v, initial_state, chunk_size)
+  fn = resolve(implementation, _IMPLEMENTATIONS, 'linear_scan')
+  log_decay = check_gate('log_decay', log_decay, (b, t, hv), hi=0, allow_per_head=True)
+  scale = dk**-0.5 if scale is None else scale
+  return fn(q, k, v, log_decay, scale=scale, initial_state=initial_state, chunk_size=chunk_size)
+
+
+def linear_scan_step(state, q_t, k_t, v_t, log_decay_t, *, scale=None):
+  """One decode token of `linear_scan`: q_t/k_t [B,Hk,K], v_t [B,Hv,V], log_decay_t [B,Hv] or [Hv].
+
+  Returns (o_t [B,Hv,V] in q_t's dtype, new state [B,Hv,K,V] float32).
+  """
+  g = check_step(state, q_t, k_t, v_t, {'log_decay_t': (log_decay_t, dict(hi=0))})['log_decay_t']
+  return run_step(state, q_t, k_t, v_t, g, None, scale)
