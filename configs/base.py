@@ -27,8 +27,8 @@ def get_config(arg=None):
   m.head_dim = 32  # Per-head width (the study uses 64).
   m.d_ff = 320  # SwiGLU hidden width (the study uses 2.5 * d_model).
   # Layer pattern: layer i has kind cycle[i % len(cycle)]. Kinds: 'full' (full causal attention), 'swa'
-  # (sliding-window attention), 'headwise' (SWA and full heads inside one layer). Default: 1:1 alternation with
-  # full attention at odd 0-based layers.
+  # (sliding-window attention), 'headwise' (SWA and full heads inside one layer), and the recurrent mixers
+  # 'lightning', 'mamba2', 'gdn' (see below). Default: 1:1 alternation with full attention at odd 0-based layers.
   m.cycle = ('swa', 'full')
   m.window = 128  # Keys each SWA query sees, itself included.
   m.rope_full = True  # RoPE on full-attention layers (False = NoPE, the study's SWA-128-NoPE design).
@@ -42,6 +42,28 @@ def get_config(arg=None):
   m.scan_layers = False  # Scan over repeats of the layer cycle: compile time flat in depth.
   m.remat = 'none'  # Rematerialisation of each block: 'none' | 'full' | 'save_dots' (keep matmul outputs).
   m.attention_implementation = 'auto'  # 'auto' | 'xla' | 'reference' | 'cudnn' (see hybrid_jax.kernels).
+  # Recurrent mixers (cycle kinds 'lightning', 'mamba2', 'gdn'). Inner shapes are chosen per scale in
+  # configs/hybrid.py so each mixer's parameter count is within 5% of the attention layer's (docs/MIXER_SHAPES.md);
+  # the defaults here match the tiny scale (d_model 128).
+  m.recurrent_implementation = 'auto'  # 'auto' | 'reference' | 'xla' | 'pallas_gpu' | 'pallas_tpu' (kernels).
+  m.recurrent_chunk_size = 64  # Tokens per chunk of the chunked scans.
+  m.lightning = ml_collections.ConfigDict()  # Lightning Attention: linear attention, fixed ALiBi-slope decay.
+  m.lightning.num_heads = 3  # Heads; head h decays by exp(-2^(-8(h+1)/H)) per token.
+  m.lightning.key_dim = 16  # Per-head query/key width.
+  m.lightning.value_dim = 32  # Per-head value (and output) width.
+  # MiniMax layer factor: layer l's decay rates are multiplied by (1 - l/(L-1)). Per-layer constants differ
+  # between repeats of the cycle, so it needs scan_layers=False.
+  m.lightning.layer_decay = False
+  m.mamba2 = ml_collections.ConfigDict()  # Mamba-2 (SSD), one B/C group.
+  m.mamba2.num_heads = 5  # Heads; inner width = num_heads * head_dim.
+  m.mamba2.head_dim = 16  # Channels per head (P).
+  m.mamba2.state_dim = 64  # SSM state size (N), shared by all heads.
+  m.mamba2.conv_width = 4  # Causal depthwise conv width on [x | B | C].
+  m.gdn = ml_collections.ConfigDict()  # Gated DeltaNet.
+  m.gdn.num_heads = 3  # Heads.
+  m.gdn.key_dim = 16  # Per-head query/key width.
+  m.gdn.value_dim = 32  # Per-head value (and output) width.
+  m.gdn.conv_width = 4  # Causal depthwise conv width on q, k and v.
 
   # ------------------------------------------------------------------------------------------------ data
   d = c.data = ml_collections.ConfigDict()
@@ -88,4 +110,39 @@ def get_config(arg=None):
   e = c.eval = ml_collections.ConfigDict()
   e.position_buckets = 8  # Equal-width position buckets for loss-by-position.
   e.batches = 8  # Held-out batches for the final evaluation.
+
+  # -------------------------------------------------------------------------------------------- parallel
+  # Device mesh ('data', 'fsdp', 'tensor') and how logical axes map onto it (see hybrid_jax.parallel). The
+  # defaults give pure data parallelism over every device, which is also right for a single CPU or GPU.
+  p = c.parallel = ml_collections.ConfigDict()
+  p.data = -1  # Data-parallel ways (replicated params); -1 = the devices the other axes leave.
+  p.fsdp = 1  # Fully-sharded data-parallel ways: params and optimizer state split over this axis too.
+  p.tensor = 1  # Tensor-parallel ways: attention heads, MLP hidden units and vocabulary split.
+  p.dcn_data = 1  # Multislice: data-parallel ways across slices (over the data-center network); -1 = the rest.
+  p.dcn_fsdp = 1  # Multislice: FSDP ways across slices (rarely worth the slow network).
+  p.dcn_tensor = 1  # Multislice: tensor ways across slices (keep 1: tensor parallelism needs fast links).
+  # Logical axis -> comma-separated mesh axes ('' = replicated). One tensor may not use a mesh axis twice.
+  r = p.rules = ml_collections.ConfigDict()
+  r.batch = 'data,fsdp'  # Batch dimension of inputs and activations.
+  r.seq = ''  # Sequence positions (sequence parallelism off).
+  r.embed = 'fsdp'  # Residual width: the FSDP split of every matrix.
+  r.heads = 'tensor'  # Query heads.
+  r.kv_heads = 'tensor'  # Key/value heads.
+  r.head_dim = ''  # Per-head width.
+  r.mlp = 'tensor'  # MLP hidden units.
+  r.vocab = 'tensor'  # Vocabulary rows of the embedding and LM head.
+  r.state = ''  # Recurrent state width.
+  r.layers = ''  # Leading axis of scanned layer cycles.
+  # Multi-host start-up (jax.distributed); ignored by a single process.
+  dist = p.distributed = ml_collections.ConfigDict()
+  # 'auto': initialize when the environment names a cluster (TPU VM pod, SLURM, HYBRID_JAX_COORDINATOR);
+  # 'always' | 'never'.
+  dist.initialize = 'auto'
+  dist.coordinator_address = ''  # host:port of process 0; '' = from the environment.
+  dist.num_processes = 0  # 0 = from the environment.
+  dist.process_id = -1  # -1 = from the environment.
+  dist.initialization_timeout_s = 300  # Seconds to wait for every process to join before failing clearly.
+  dist.heartbeat_timeout_s = 60  # Seconds without a heartbeat before a process counts as dead and the job fails.
+  dist.barrier_timeout_s = 300  # Seconds to wait at start-up checks (config hash) for the other processes.
+  dist.cpu_collectives = 'gloo'  # CPU cross-process collectives: 'gloo' | 'mpi' | 'none'.
   return c

@@ -12,7 +12,7 @@ from hybrid_jax.config import ConfigError, load_config_file
 
 _BASE = pathlib.Path(__file__).with_name('base.py')
 
-# name -> model fields. The recurrent kinds are reserved: hybrid_jax.config reports them as not yet available.
+# name -> model fields.
 ARCHES = {
     'full': dict(cycle=('full',), rope_full=True),
     'swa128': dict(cycle=('swa', 'full'), window=128, rope_full=True),
@@ -41,6 +41,31 @@ SCALES = {
     's3': dict(model=dict(d_model=640, num_layers=16, num_heads=10, d_ff=1600)),
     's4': dict(model=dict(d_model=768, num_layers=18, num_heads=12, d_ff=1920)),
     's5': dict(model=dict(d_model=1280, num_layers=30, num_heads=20, d_ff=3200)),
+}
+
+# scale -> recurrent mixer inner shapes, chosen so each mixer's parameter count is within 5% of the attention
+# layer's (2*d^2 + 2*d*kv_heads*head_dim); docs/MIXER_SHAPES.md lists the counts (counting.mixer_matching_table).
+# Lightning and GDN keep key width 32 and value width 64 (16 / 32 at tiny) and scale the head count with d_model;
+# Mamba-2 keeps the reference head width 64 (16 at tiny) and picks heads and state size.
+MIXER_SHAPES = {
+    'tiny': dict(lightning=dict(num_heads=3, key_dim=16, value_dim=32),
+                 mamba2=dict(num_heads=5, head_dim=16, state_dim=64),
+                 gdn=dict(num_heads=3, key_dim=16, value_dim=32)),
+    's1': dict(lightning=dict(num_heads=4, key_dim=32, value_dim=64),
+               mamba2=dict(num_heads=4, head_dim=64, state_dim=128),
+               gdn=dict(num_heads=4, key_dim=32, value_dim=64)),
+    's2': dict(lightning=dict(num_heads=5, key_dim=32, value_dim=64),
+               mamba2=dict(num_heads=6, head_dim=64, state_dim=64),
+               gdn=dict(num_heads=5, key_dim=32, value_dim=64)),
+    's3': dict(lightning=dict(num_heads=6, key_dim=32, value_dim=64),
+               mamba2=dict(num_heads=7, head_dim=64, state_dim=96),
+               gdn=dict(num_heads=6, key_dim=32, value_dim=64)),
+    's4': dict(lightning=dict(num_heads=7, key_dim=32, value_dim=64),
+               mamba2=dict(num_heads=8, head_dim=64, state_dim=128),
+               gdn=dict(num_heads=7, key_dim=32, value_dim=64)),
+    's5': dict(lightning=dict(num_heads=11, key_dim=32, value_dim=64),
+               mamba2=dict(num_heads=14, head_dim=64, state_dim=64),
+               gdn=dict(num_heads=11, key_dim=32, value_dim=64)),
 }
 
 # Shared by S1-S5: the study's block and context.
@@ -78,6 +103,8 @@ def get_config(arg=None):
   for group in ([SCALES[scale]] if scale == 'tiny' else [_STUDY, SCALES[scale]]):
     for section, values in group.items():
       c[section].update(values)
+  for mixer, shape in MIXER_SHAPES[scale].items():
+    c.model[mixer].update(shape)
   return c
 
 

@@ -9,8 +9,15 @@ import pathlib
 
 import ml_collections
 
-MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise')
-MIXER_KINDS_RESERVED = ('lightning', 'mamba2', 'gdn')  # Recurrent mixers: not yet implemented.
+MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise', 'lightning', 'mamba2', 'gdn')
+MIXER_KINDS_RESERVED = ()  # Names known but not yet built (none at present).
+RECURRENT_IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'pallas_gpu', 'pallas_tpu')
+# Recurrent mixer kind -> its positive-integer shape fields under model.<kind>.
+RECURRENT_SHAPE_FIELDS = {
+    'lightning': ('num_heads', 'key_dim', 'value_dim'),
+    'mamba2': ('num_heads', 'head_dim', 'state_dim', 'conv_width'),
+    'gdn': ('num_heads', 'key_dim', 'value_dim', 'conv_width'),
+}
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 SCHEDULES = ('wsd', 'cosine', 'constant')
 SOURCES = ('builtin', 'files', 'tfds')
@@ -70,6 +77,26 @@ def _get(c, key):
   return node
 
 
+def _validate_recurrent(c, cycle):
+  """Shape fields of the recurrent mixers in the cycle; their errors name the key, value and what is allowed."""
+  m = c.model
+  recurrent = [kind for kind in RECURRENT_SHAPE_FIELDS if kind in cycle]
+  if not recurrent:
+    return
+  for kind in recurrent:
+    for field in RECURRENT_SHAPE_FIELDS[kind]:
+      _positive_int(c, f'model.{kind}.{field}')
+  _choice(c, 'model.recurrent_implementation', RECURRENT_IMPLEMENTATIONS)
+  _positive_int(c, 'model.recurrent_chunk_size')
+  if 'lightning' in recurrent:
+    layer_decay = m.lightning.layer_decay
+    if not isinstance(layer_decay, bool):
+      _fail('model.lightning.layer_decay', layer_decay, 'must be True or False')
+    if layer_decay and m.scan_layers:
+      _fail('model.lightning.layer_decay', layer_decay,
+            'needs model.scan_layers=False (the per-layer decay factor differs between repeats of the cycle)')
+
+
 BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
 
 
@@ -109,6 +136,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if 'headwise' in cycle and not 0 < m.headwise_full_kv_heads < m.num_kv_heads:
     _fail('model.headwise_full_kv_heads', m.headwise_full_kv_heads,
           f'must be between 1 and model.num_kv_heads - 1 = {m.num_kv_heads - 1}')
+  _validate_recurrent(c, cycle)
   if m.head_dim % 2 and (m.rope_full or m.rope_swa):
     _fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
   if m.rope_base <= 1:
@@ -149,4 +177,39 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _nonneg_number(c, key)
   if c.eval.position_buckets > c.data.seq_len:
     _fail('eval.position_buckets', c.eval.position_buckets, f'must be <= data.seq_len={c.data.seq_len}')
+  _validate_parallel(c)
   return c
+
+
+def _validate_parallel(c):
+  """The mesh sizes and the logical-axis rules (names, mesh axes, batch divisibility) of config.parallel."""
+  from hybrid_jax.parallel import rules as rules_lib  # Imports no jax at module level.
+  p = c.parallel
+  for prefix in ('', 'dcn_'):
+    free = []
+    for axis in rules_lib.MESH_AXES:
+      key = f'parallel.{prefix}{axis}'
+      value = _get(c, key)
+      if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and value != -1):
+        _fail(key, value, 'must be a positive integer or -1 (the devices the other axes leave)')
+      free += [key] if value == -1 else []
+    if len(free) > 1:
+      _fail(free[1], -1, f'only one of {", ".join(free)} may be -1')
+  try:
+    rules = rules_lib.parse_rules(p.rules)
+    rules_lib.check_rules(rules)
+  except rules_lib.ShardingRuleError as e:
+    raise ConfigError(str(e)) from None
+  fixed = 1
+  for axis in rules.get('batch', ()):
+    fixed *= max(p[axis], 1) * max(p[f'dcn_{axis}'], 1)
+  if c.train.batch_size % fixed:
+    _fail('train.batch_size', c.train.batch_size, f'must be divisible by the batch split of the mesh '
+          f'({"*".join(rules["batch"])} = {fixed} at least)')
+  d = p.distributed
+  _choice(c, 'parallel.distributed.initialize', ('auto', 'always', 'never'))
+  _choice(c, 'parallel.distributed.cpu_collectives', ('gloo', 'mpi', 'none'))
+  for key in ('initialization_timeout_s', 'heartbeat_timeout_s', 'barrier_timeout_s'):
+    _positive_int(c, f'parallel.distributed.{key}')
+  if d.coordinator_address and ':' not in d.coordinator_address:
+    _fail('parallel.distributed.coordinator_address', d.coordinator_address, 'must be host:port')

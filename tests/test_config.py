@@ -6,7 +6,8 @@ import pytest
 from hybrid_jax.config import ConfigError, load_config_file, validate
 from tests.conftest import ROOT, study_config
 
-AVAILABLE = ['full', 'swa128', 'swa512', 'swa2048', 'swa128_nope', 'swa128_1to3', 'swa128_headwise']
+AVAILABLE = ['full', 'swa128', 'swa512', 'swa2048', 'swa128_nope', 'swa128_1to3', 'swa128_headwise',
+             'lightning', 'mamba2', 'gdn']
 SCALES = ['tiny', 's1', 's2', 's3', 's4', 's5']
 
 
@@ -30,11 +31,17 @@ def test_study_shapes():
   assert study_config('swa2048').model.window == 2048
 
 
+@pytest.mark.parametrize('scale', ['tiny', 's3'])
 @pytest.mark.parametrize('arch', ['lightning', 'mamba2', 'gdn'])
-def test_recurrent_arches_are_reserved_with_a_clear_error(arch):
-  c = study_config(arch)  # The name is known ...
-  with pytest.raises(ConfigError, match=f'{arch}.*not yet available'):
-    validate(c)  # ... but the mixer is not built yet.
+def test_recurrent_arches_validate_and_build(arch, scale):
+  from flax import nnx
+  from hybrid_jax.models.model import HybridLM
+  c = validate(study_config(arch, scale))
+  assert tuple(c.model.cycle) == (arch, 'full')
+  model = nnx.eval_shape(lambda: HybridLM(c.model, rngs=nnx.Rngs(0)))  # Shapes only: no arrays allocated.
+  mixers = [type(block.mixer).__name__ for block in model.cycles.blocks] if model.scan_layers else \
+      [type(block.mixer).__name__ for block in model.tail]
+  assert mixers[:2] == [{'lightning': 'Lightning', 'mamba2': 'Mamba2', 'gdn': 'GatedDeltaNet'}[arch], 'Attention']
 
 
 def test_unknown_arch_and_scale_list_the_allowed_names():
@@ -57,7 +64,7 @@ def test_missing_config_file():
     ('model.num_heads', 5, r'config.model.num_heads=5 is invalid: must be a multiple of model.num_kv_heads=2'),
     ('data.seq_len', 0, r'config.data.seq_len=0 is invalid: must be a positive integer'),
     ('data.seq_len', -1, r'config.data.seq_len=-1 is invalid'),
-    ('model.cycle', ('swa', 'conv'), r"unknown kind 'conv'; allowed kinds: full, swa, headwise"),
+    ('model.cycle', ('swa', 'conv'), r"unknown kind 'conv'; allowed kinds: full, swa, headwise, lightning, mamba2"),
     ('model.cycle', (), r'must name at least one layer kind'),
     ('model.dtype', 'float8', r"config.model.dtype='float8' is invalid: allowed: float32, bfloat16"),
     ('model.remat', 'some', r"config.model.remat='some' is invalid: allowed: none, full, save_dots"),

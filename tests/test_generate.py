@@ -1,5 +1,5 @@
-"""Decoding: prefill + one-token steps reproduce the full forward pass; SWA decode memory is O(w); greedy
-generation with EOS and stop strings."""
+"""Decoding: prefill + one-token steps reproduce the full forward pass for every arch; SWA decode memory is O(w)
+and recurrent states O(1); greedy generation with EOS and stop strings."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,7 @@ from hybrid_jax.eval.generate import Generator, stop_on_strings
 from hybrid_jax.train import state as state_lib
 from tests.conftest import small_config
 
-ATTENTION_ARCHES = ['full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise']
+ARCHES = ['full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise', 'lightning', 'mamba2', 'gdn']
 
 
 def _decode_logits(model_def, params, tokens, prompt_len):
@@ -30,9 +30,9 @@ def _forward(model_def, params, tokens):
   return jax.jit(lambda p, t: model_def.bind(p)(t))(params, tokens)
 
 
-@pytest.mark.parametrize('arch, scan', [(arch, False) for arch in ATTENTION_ARCHES] + [('swa128', True)])
+@pytest.mark.parametrize('arch, scan', [(arch, False) for arch in ARCHES] + [('swa128', True), ('gdn', True)])
 def test_prefill_plus_steps_equal_one_forward_pass(arch, scan):
-  cfg = small_config(arch, window=5, num_layers=5, scan_layers=scan).model  # Scanned swa128: 2 cycles + 1.
+  cfg = small_config(arch, window=5, num_layers=5, scan_layers=scan).model  # Scanned: 2 cycles + 1 layer.
   model_def, params = state_lib.init_model(cfg, 0)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 19)))
   expected = _forward(model_def, params, tokens)
@@ -49,6 +49,15 @@ def test_sliding_window_decode_state_is_a_ring_of_w_entries():
   swa_long, full_long = long['tail'][0][0]['k'], long['tail'][1][0]['k']
   assert swa_short.shape[1] == swa_long.shape[1] == 5  # O(w) whatever the context ...
   assert (full_short.shape[1], full_long.shape[1]) == (64, 4096)  # ... while full attention keeps everything.
+
+
+@pytest.mark.parametrize('arch', ['lightning', 'mamba2', 'gdn'])
+def test_recurrent_decode_state_does_not_grow_with_context(arch):
+  cfg = small_config(arch).model
+  model_def, params = state_lib.init_model(cfg, 0)
+  model = model_def.bind(params)
+  size = lambda state: sum(x.size for x in jax.tree.leaves(state['tail'][0]))
+  assert size(model.init_decode_state(1, 64)) == size(model.init_decode_state(1, 65536)) > 0
 
 
 def test_greedy_generation_matches_argmax_of_the_forward_pass():

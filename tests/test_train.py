@@ -46,7 +46,8 @@ def _batch(cfg, seed=0):
   return {'inputs': jnp.asarray(tokens[:, :-1], jnp.int32), 'targets': jnp.asarray(tokens[:, 1:], jnp.int32)}
 
 
-@pytest.mark.parametrize('arch', ['full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise'])
+@pytest.mark.parametrize('arch', ['full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise',
+                                  'lightning', 'mamba2', 'gdn'])
 def test_train_step_fits_a_batch(arch):
   cfg = small_config(arch)
   cfg.train.update(dict(warmup_steps=1, lr=1e-2))

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 
 
 def init_kv(batch: int, size: int, kv_heads: int, head_dim: int, dtype) -> dict:
-  zeros = jnp.zeros((batch, size, kv_heads, head_dim), dtype)
-  return {'k': zeros, 'v': zeros}
+  shape = (batch, size, kv_heads, head_dim)
+  return {'k': jnp.zeros(shape, dtype), 'v': jnp.zeros(shape, dtype)}  # Two buffers: steps donate the state.
 
 
 def write_prefix(cache: dict, k, v) -> dict:

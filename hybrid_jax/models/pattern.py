@@ -9,10 +9,11 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
   """What one layer is: its mixer kind, attention window (None = full) and whether it uses RoPE."""
-  kind: str  # 'full' | 'swa' | 'headwise'
+  kind: str  # 'full' | 'swa' | 'headwise' | 'lightning' | 'mamba2' | 'gdn'
   window: int | None
   rope: bool
   full_kv_heads: int = 0  # 'headwise' only: KV groups (and their query heads) that attend fully.
+  decay_scale: float = 1.0  # 'lightning' only: MiniMax layer factor on the decay rates (1 when off).
 
 
 def layer_spec(model_cfg, index: int) -> LayerSpec:
@@ -29,6 +30,12 @@ def layer_spec(model_cfg, index: int) -> LayerSpec:
     # One RoPE setting per layer: head-wise layers follow the SWA setting (their windowed heads need position).
     return LayerSpec('headwise', int(model_cfg.window), bool(model_cfg.rope_swa),
                      int(model_cfg.headwise_full_kv_heads))
+  if kind == 'lightning':
+    last = model_cfg.num_layers - 1
+    scale = 1.0 - index / last if model_cfg.lightning.layer_decay and last > 0 else 1.0
+    return LayerSpec('lightning', None, False, decay_scale=scale)
+  if kind in ('mamba2', 'gdn'):
+    return LayerSpec(kind, None, False)  # Recurrent: position comes from the recurrence, no RoPE.
   raise ValueError(f'unknown layer kind {kind!r} in model.cycle={cycle}')
 
 

@@ -3,6 +3,8 @@
 A restore walks back from the newest step: a corrupt or unreadable checkpoint is skipped with a warning and moved
 to `<directory>.unrestorable/` (kept for inspection), and the run continues from the newest one that restores.
 Background (async) save failures surface as CheckpointError at the next save or at `wait()`, never silently.
+Arrays are restored into the layout of the abstract state given (its shardings), so a checkpoint written on one
+mesh restores onto another mesh shape or device count.
 """
 
 import logging
@@ -11,6 +13,7 @@ import shutil
 import time
 
 import grain
+import jax
 import orbax.checkpoint as ocp
 
 
@@ -81,11 +84,15 @@ class Checkpointer:
     if not bad_steps:
       return
     root = self.directory
-    quarantine = root.parent / f'{root.name}.unrestorable' / time.strftime('%Y%m%d-%H%M%S')
-    quarantine.mkdir(parents=True, exist_ok=True)
-    for step in bad_steps:
-      shutil.move(str(root / str(step)), str(quarantine / str(step)))
-      logging.warning('moved the unrestorable checkpoint of step %d to %s', step, quarantine / str(step))
+    if jax.process_index() == 0:  # One process moves; the others wait for it (multi-host runs share the directory).
+      quarantine = root.parent / f'{root.name}.unrestorable' / time.strftime('%Y%m%d-%H%M%S')
+      quarantine.mkdir(parents=True, exist_ok=True)
+      for step in bad_steps:
+        shutil.move(str(root / str(step)), str(quarantine / str(step)))
+        logging.warning('moved the unrestorable checkpoint of step %d to %s', step, quarantine / str(step))
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices('hybrid_jax_checkpoint_set_aside')
     self.manager.reload()
 
   def close(self):

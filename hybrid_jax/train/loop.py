@@ -24,6 +24,7 @@ from hybrid_jax.data.pipeline import make_eval_batches, make_train_dataset
 from hybrid_jax.data.tokenizers import get_tokenizer
 from hybrid_jax.eval.perplexity import evaluate
 from hybrid_jax.models.counting import param_counts
+from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import checkpoint, metrics, optim, report, state as state_lib, step as step_lib
 
 
@@ -31,10 +32,23 @@ class TrainingDiverged(RuntimeError):
   """The loss became NaN or infinite."""
 
 
+class _NullWriter:
+  """Metrics sink of processes other than 0 (one writer per run directory)."""
+
+  def write(self, *args, **kwargs):
+    del args, kwargs
+
+  def close(self):
+    pass
+
+
 @contextlib.contextmanager
 def _stop_on_sigterm():
   """Yields a dict whose 'requested' flag turns True on SIGTERM, so the loop can checkpoint and exit cleanly."""
   flag = {'requested': False}
+  if jax.process_count() > 1:  # jax's preemption service owns SIGTERM; processes agree via _stop_requested.
+    yield flag
+    return
 
   def handler(signum, frame):
     del frame
@@ -48,6 +62,18 @@ def _stop_on_sigterm():
     signal.signal(signal.SIGTERM, previous)
 
 
+def _stop_requested(flag, step) -> bool:
+  """True when this run must checkpoint and stop after `step`; in a multi-process run, on every process at once
+  (any process's SIGTERM reaches all through jax's preemption sync point, so their checkpoints stay in step)."""
+  if jax.process_count() == 1:
+    return flag['requested']
+  from jax.experimental import multihost_utils
+  try:
+    return bool(multihost_utils.reached_preemption_sync_point(step))
+  except RuntimeError:  # The preemption service is off (jax_enable_preemption_service=False).
+    return False
+
+
 def _check_vocab(config):
   tokenizer = get_tokenizer(config.data.tokenizer)
   if tokenizer.vocab_size > config.model.vocab_size:
@@ -59,28 +85,40 @@ def train(config, workdir) -> dict:
   """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json)."""
   validate(config)
   _check_vocab(config)
+  distributed.initialize(config.parallel.distributed)
+  distributed.check_same_config(config, config.parallel.distributed.barrier_timeout_s)
+  lead = jax.process_index() == 0  # Process 0 writes metrics and reports; all processes write checkpoints.
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
+  if lead:
+    (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
   t = config.train
   tokens_per_step = t.batch_size * config.data.seq_len
 
-  model_def, params = state_lib.init_model(config.model, config.seed)
+  mesh = mesh_lib.make_mesh(config.parallel)
+  model_def = state_lib.make_model_def(config.model)
   tx = optim.make_optimizer(t)
-  state = state_lib.init_train_state(params, tx)
-  del params
-  data_iter = iter(make_train_dataset(config))
+  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
+  data_iter = iter(make_train_dataset(config, process_index=jax.process_index(), process_count=jax.process_count()))
   ckpt = checkpoint.Checkpointer(workdir / 'checkpoints', keep=t.keep_checkpoints, async_save=t.async_checkpointing)
-  restored = ckpt.restore_latest(state_lib.abstract_train_state(state), data_iter)
+  abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),
+                                            shardings.state)
+  restored = ckpt.restore_latest(abstract, data_iter)
   start = 0
   if restored is not None:
     start, state = restored
     logging.info('resumed from the checkpoint at step %d in %s', start, ckpt.directory)
-  train_step = step_lib.make_train_step(model_def, tx, t)
-  eval_step = step_lib.make_eval_step(model_def)
-  eval_batches = make_eval_batches(config, t.eval_batches)
+  else:
+    state = state_lib.init_sharded_train_state(config.model, config.seed, tx, shardings.state)
+  train_step = step_lib.make_train_step(model_def, tx, t, shardings)
+  eval_step = step_lib.make_eval_step(model_def, shardings)
+
+  def global_eval_batches(n):
+    return [distributed.replicated_batch(b, shardings.batch) for b in make_eval_batches(config, n)]
+
+  eval_batches = global_eval_batches(t.eval_batches)
   schedule = optim.make_schedule(t)
-  writer = metrics.MetricsWriter(workdir)
+  writer = metrics.MetricsWriter(workdir) if lead else _NullWriter()
 
   def run_eval(step, batches):
     result = evaluate(eval_step, state['params'], batches, buckets=config.eval.position_buckets)
@@ -88,14 +126,14 @@ def train(config, workdir) -> dict:
     return result
 
   step_times, status, last_saved = [], 'completed', start
-  bar = tqdm.tqdm(total=t.steps, initial=start, disable=not t.progress, desc=config.name, unit='step',
+  bar = tqdm.tqdm(total=t.steps, initial=start, disable=not (t.progress and lead), desc=config.name, unit='step',
                   dynamic_ncols=True)
-  started = time.perf_counter()
+  started, finished, step = time.perf_counter(), False, start
   try:
     with _stop_on_sigterm() as stop:
       step = start
       while step < t.steps:
-        batch = next(data_iter)
+        batch = distributed.global_batch(next(data_iter), shardings.batch)
         tic = time.perf_counter()
         state, m = train_step(state, batch)
         loss = float(m['loss'])  # Syncs: the step time below is real, and a bad loss is caught at its step.
@@ -115,6 +153,7 @@ def train(config, workdir) -> dict:
           bar.set_postfix(loss=f'{loss:.3f}', tok_s=f'{tokens_per_step / dt:,.0f}')
         if t.eval_every and step % t.eval_every == 0 and step != t.steps:
           run_eval(step, eval_batches)
+        stop['requested'] = _stop_requested(stop, step)
         if step % t.checkpoint_every == 0 or step == t.steps or stop['requested']:
           ckpt.save(step, state, data_iter)
           last_saved = step
@@ -122,11 +161,21 @@ def train(config, workdir) -> dict:
           status = 'preempted'
           break
     ckpt.wait()
+    finished = True
+  except jax.errors.JaxRuntimeError as e:  # In a multi-process run: a collective or barrier lost a peer.
+    if jax.process_count() == 1:
+      raise
+    raise distributed.peer_failure(e, step + 1) from e
   finally:
     bar.close()
-    ckpt.close()
+    try:
+      ckpt.close()
+    except Exception:  # After a failure (e.g. a dead peer process) closing fails too; keep the first error.
+      if finished:
+        raise
+      logging.warning('closing the checkpointer after an error failed as well', exc_info=True)
 
-  final = run_eval(step, make_eval_batches(config, config.eval.batches)) if status == 'completed' else None
+  final = run_eval(step, global_eval_batches(config.eval.batches)) if status == 'completed' else None
   writer.close()
   counts = param_counts(config.model)
   steady = step_times[1:] or step_times
@@ -135,6 +184,7 @@ def train(config, workdir) -> dict:
       'steps': step, 'resumed_from': start, 'seq_len': config.data.seq_len, 'batch_size': t.batch_size,
       'params': {k: counts[k] for k in ('non_embedding', 'embedding', 'total')},
       'devices': [str(d) for d in jax.devices()],
+      'mesh': dict(mesh.shape), 'processes': jax.process_count(),
       'wall_time_s': time.perf_counter() - started,
       'step_time_s_median': statistics.median(steady) if steady else None,
       'first_step_time_s': step_times[0] if step_times else None,
@@ -142,7 +192,8 @@ def train(config, workdir) -> dict:
       'final_train_loss': float(m['loss']) if step_times else None,
       'eval': final,
   }
-  report.write_report(workdir, result, metrics.read_jsonl(workdir / 'metrics.jsonl'))
+  if lead:
+    report.write_report(workdir, result, metrics.read_jsonl(workdir / 'metrics.jsonl'))
   return result
 
 

@@ -22,9 +22,21 @@ def make_schedule(t) -> optax.Schedule:
   raise ValueError(f'unknown schedule {t.schedule!r}')
 
 
+# Never decayed, by name: recurrent decay rates, time steps and skips, and the mixers' output-norm scales (which
+# may be stored per head as matrices).
+NO_DECAY = ('A_log', 'dt_bias', 'D', 'norm')
+
+
 def decay_mask(params):
-  """Weight decay on matrices and embeddings (ndim >= 2), never on norm scales or other vectors."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  """Weight decay on matrices and embeddings (ndim >= 2), never on norm scales or other vectors.
+
+  Scanned stacks (under 'cycles') carry a leading layers axis, which does not make a vector a matrix.
+  """
+  def decays(path, p):
+    keys = [getattr(k, 'key', getattr(k, 'idx', k)) for k in path]
+    matrix_dims = p.ndim - (1 if 'cycles' in keys else 0)
+    return matrix_dims >= 2 and keys[-1] not in NO_DECAY
+  return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(t) -> optax.GradientTransformation:

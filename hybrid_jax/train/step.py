@@ -16,8 +16,12 @@ def token_nll(logits, targets):
   return log_z - target_logit, log_z
 
 
-def make_train_step(model_def, tx, train_cfg):
-  """The jitted train step (state donated). Gradient accumulation scans over micro-batches."""
+def make_train_step(model_def, tx, train_cfg, shardings=None):
+  """The jitted train step (state donated). Gradient accumulation scans over micro-batches.
+
+  With `shardings` (hybrid_jax.parallel.mesh.TrainShardings) state, batch and metrics get explicit layouts, and
+  GSPMD inserts the collectives (data parallel, FSDP gathers, tensor-parallel reductions).
+  """
   accum, z_weight = int(train_cfg.grad_accum), float(train_cfg.z_loss)
 
   def loss_fn(params, batch):
@@ -48,10 +52,13 @@ def make_train_step(model_def, tx, train_cfg):
     metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), 'param_norm': optax.global_norm(params)}
     return new_state, metrics
 
-  return jax.jit(train_step, donate_argnums=0)
+  if shardings is None:
+    return jax.jit(train_step, donate_argnums=0)
+  return jax.jit(train_step, donate_argnums=0, in_shardings=(shardings.state, shardings.batch),
+                 out_shardings=(shardings.state, shardings.replicated))
 
 
-def make_eval_step(model_def):
+def make_eval_step(model_def, shardings=None):
   """Jitted (params, batch) -> per-position summed NLL [T] and token count per position [T]."""
 
   def eval_step(params, batch):
@@ -59,4 +66,19 @@ def make_eval_step(model_def):
     nll, _ = token_nll(logits, batch['targets'])
     return jnp.sum(nll, axis=0), jnp.full((nll.shape[1],), nll.shape[0], jnp.float32)
 
-  return jax.jit(eval_step)
+  if shardings is None:
+    return jax.jit(eval_step)
+  return jax.jit(eval_step, in_shardings=(shardings.state['params'], shardings.batch),
+                 out_shardings=shardings.replicated)
+
+
+def compile_train_step(model_def, tx, train_cfg, shardings, abstract_state, seq_len: int):
+  """Lowers and compiles the sharded train step for `shardings.mesh` from shapes only (nothing runs).
+
+  The mesh may be made of devices that are not attached (jax.experimental.topologies), so a pod's fit can be
+  checked from a laptop.
+  """
+  batch = jax.ShapeDtypeStruct((int(train_cfg.batch_size), int(seq_len)), jnp.int32, sharding=shardings.batch)
+  step = make_train_step(model_def, tx, train_cfg, shardings)
+  return step.lower(abstract_state, {'inputs': batch, 'targets': batch}).compile()
+

@@ -1,0 +1,71 @@
+"""Gated DeltaNet mixer (fla-style layer).
+
+S_t = exp(g_t)(I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T through hybrid_jax.kernels.gated_delta_rule. q, k, v
+each pass a causal depthwise conv + SiLU; q and k are L2-normalised and b = sigmoid(W_b x) lies in (0, 1), which
+keeps the chunked inverse bounded. g = -exp(A_log) * softplus(W_a x + dt_bias) as in Mamba-2; A_log and dt_bias
+are vectors and get no weight decay.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.models.layers import dtype_of, param
+from hybrid_jax.models.mixers import recurrent
+
+
+class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
+
+  def __init__(self, cfg, spec, *, rngs: nnx.Rngs):
+    del spec
+    gc = cfg.gdn
+    d, h, k, v, w = cfg.d_model, gc.num_heads, gc.key_dim, gc.value_dim, gc.conv_width
+    pdt = dtype_of(cfg.param_dtype)
+    std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.num_layers) ** 0.5
+    self.wq = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
+    self.wk = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
+    self.wv = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
+    self.conv_q = recurrent.conv_param(rngs, w, (h, k), ('heads', 'head_dim'), dtype=pdt)
+    self.conv_k = recurrent.conv_param(rngs, w, (h, k), ('heads', 'head_dim'), dtype=pdt)
+    self.conv_v = recurrent.conv_param(rngs, w, (h, v), ('heads', 'head_dim'), dtype=pdt)
+    self.w_beta = param(rngs, (d, h), ('embed', 'heads'), std=std, dtype=pdt)
+    self.w_a = param(rngs, (d, h), ('embed', 'heads'), std=std, dtype=pdt)
+    self.A_log = recurrent.a_log_init(rngs, h, low=1.0, high=16.0, dtype=pdt)
+    self.dt_bias = recurrent.dt_bias_init(rngs, h, dtype=pdt)
+    self.wg = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)  # Output gate.
+    self.norm = nnx.Param(jnp.ones((v,), pdt), logical_axes=('head_dim',))  # Shared by the heads.
+    self.wo = param(rngs, (h, v, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
+    self.eps = cfg.norm_eps
+    self.chunk_size = cfg.recurrent_chunk_size
+    self.implementation = recurrent.implementation(cfg)
+    self.dtype = dtype_of(cfg.dtype)
+
+  def init_state(self, batch: int, max_len: int):
+    del max_len  # O(1) in the context length.
+    h, k = self.wq.shape[-2:]
+    v = self.wv.shape[-1]
+    width = self.conv_q.shape[-3]
+    conv = lambda dim: jnp.zeros((batch, width - 1, h * dim), self.dtype)
+    return {'conv_q': conv(k), 'conv_k': conv(k), 'conv_v': conv(v), 'scan': recurrent.zeros_state(batch, h, k, v)}
+
+  def _forward(self, x, state):
+    dt = self.dtype
+    x = x.astype(dt)
+    new_state = {}
+
+    def project(name, w, conv):
+      y, new_state[name] = recurrent.causal_conv_silu(jnp.einsum('btd,dhk->bthk', x, w[...].astype(dt)), conv[...],
+                                                      dt, None if state is None else state[name])
+      return y
+
+    q = recurrent.l2_normalize(project('conv_q', self.wq, self.conv_q))
+    k = recurrent.l2_normalize(project('conv_k', self.wk, self.conv_k))
+    v = project('conv_v', self.wv, self.conv_v)
+    beta = jax.nn.sigmoid((x @ self.w_beta[...].astype(dt)).astype(jnp.float32))
+    a = (x @ self.w_a[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+    log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+    o, new_state['scan'] = recurrent.scan(q, k, v, log_decay, beta, state=None if state is None else state['scan'],
+                                          chunk_size=self.chunk_size, implementation=self.implementation)
+    gate = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wg[...].astype(dt)).astype(jnp.float32))
+    o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
+    return jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt)), new_state

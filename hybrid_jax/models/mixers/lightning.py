@@ -1,0 +1,65 @@
+"""Lightning Attention: linear attention with a fixed exponential decay per head.
+
+S_t = exp(-s_h) S_{t-1} + k_t v_t^T, o_t = K^-1/2 S_t^T q_t, through hybrid_jax.kernels.linear_scan with a [H]
+log decay. The rates s_h are ALiBi's slopes, so heads range from short to long memory; the optional MiniMax
+factor (LayerSpec.decay_scale) weakens the decay in deeper layers. No RoPE: the decay already encodes distance.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.models.layers import dtype_of, param
+from hybrid_jax.models.mixers import recurrent
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+  """ALiBi slopes 2^(-8(h+1)/H); for non-power-of-two H, the 2^floor(log2 H) series then every other slope of
+  the 2*2^floor(log2 H) series (as ALiBi does)."""
+  def power_of_two(n):
+    return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+  if math.log2(num_heads).is_integer():
+    return power_of_two(num_heads)
+  closest = 2 ** math.floor(math.log2(num_heads))
+  return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][:num_heads - closest]
+
+
+class Lightning(recurrent.DecodeMixin, nnx.Module):
+
+  def __init__(self, cfg, spec, *, rngs: nnx.Rngs):
+    lc = cfg.lightning
+    d, h, k, v = cfg.d_model, lc.num_heads, lc.key_dim, lc.value_dim
+    pdt = dtype_of(cfg.param_dtype)
+    std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.num_layers) ** 0.5
+    self.wq = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
+    self.wk = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
+    self.wv = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
+    self.wg = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)  # Output gate.
+    self.norm = nnx.Param(jnp.ones((v,), pdt), logical_axes=('head_dim',))  # Shared by the heads.
+    self.wo = param(rngs, (h, v, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
+    # A plain tuple of Python floats: a static constant of the graph, never trained.
+    self.log_decay = tuple(-s * spec.decay_scale for s in alibi_slopes(h))
+    self.eps = cfg.norm_eps
+    self.chunk_size = cfg.recurrent_chunk_size
+    self.implementation = recurrent.implementation(cfg)
+    self.dtype = dtype_of(cfg.dtype)
+
+  def init_state(self, batch: int, max_len: int):
+    del max_len  # O(1) in the context length.
+    h, k = self.wq.shape[-2:]
+    return {'scan': recurrent.zeros_state(batch, h, k, self.wv.shape[-1])}
+
+  def _forward(self, x, state):
+    dt = self.dtype
+    x = x.astype(dt)
+    q = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wq[...].astype(dt)))
+    k = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wk[...].astype(dt)))
+    v = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wv[...].astype(dt)))
+    log_decay = jnp.asarray(self.log_decay, jnp.float32)
+    o, scan_state = recurrent.scan(q, k, v, log_decay, state=None if state is None else state['scan'],
+                                   chunk_size=self.chunk_size, implementation=self.implementation)
+    gate = jax.nn.sigmoid(jnp.einsum('btd,dhk->bthk', x, self.wg[...].astype(dt)).astype(jnp.float32))
+    o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
+    return jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt)), {'scan': scan_state}

@@ -1,0 +1,108 @@
+"""Pieces shared by the recurrent mixers (Lightning, Mamba-2, Gated DeltaNet).
+
+Gates, norms and decay rates are computed in float32 whatever the compute dtype, because the scans exponentiate
+and accumulate them over the whole sequence.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax import kernels
+
+
+def implementation(cfg):
+  """The kernels' `implementation` argument from model.recurrent_implementation ('auto' -> None)."""
+  impl = cfg.recurrent_implementation
+  return None if impl == 'auto' else impl
+
+
+def rms_norm(x, scale, eps):
+  """RMSNorm over the last axis in float32 (per head when x is [..., H, D])."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return x32 * scale.astype(jnp.float32)
+
+
+def l2_normalize(x, eps=1e-6):
+  """Unit-norm vectors over the last axis (the delta rule needs |k| = 1 to stay bounded)."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def conv_param(rngs: nnx.Rngs, width: int, shape, axes, *, dtype) -> nnx.Param:
+  """A depthwise causal-conv kernel [width, *shape]; std 1/sqrt(width) keeps the activation scale."""
+  init = jax.random.normal(rngs.params(), (width, *shape), dtype) / math.sqrt(width)
+  return nnx.Param(init, logical_axes=(None, *axes))  # The tap axis is never sharded.
+
+
+def causal_conv_silu(x, weight, dtype, state=None):
+  """(SiLU(causal depthwise conv of x [B, T, *C]), conv state [B, W-1, prod(C)]) with weight [W, *C].
+
+  `state` carries the last W-1 inputs between calls (None = zeros); one token with a state is a decode step.
+  """
+  b, t = x.shape[:2]
+  flat = x.reshape(b, t, -1).astype(dtype)
+  w = weight.reshape(weight.shape[0], -1).astype(dtype)
+  if state is not None and t == 1:
+    y, state = kernels.causal_conv1d_step(state, flat[:, 0], w)
+    y = y[:, None]
+  else:
+    y, state = kernels.causal_conv1d(flat, w, initial_state=state)
+  return jax.nn.silu(y).reshape(x.shape), state
+
+
+def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, chunk_size, implementation):
+  """(o, final state) of the scalar-decay scan, or of the gated delta rule when `beta` is given.
+
+  Over T tokens it runs the chunked kernel from `state` (None = zeros); one token with a state is an exact decode
+  step through the kernels' `*_step` functions.
+  """
+  if state is not None and q.shape[1] == 1:
+    g = log_decay if log_decay.ndim == 1 else log_decay[:, 0]
+    if beta is None:
+      o, state = kernels.linear_scan_step(state, q[:, 0], k[:, 0], v[:, 0], g, scale=scale)
+    else:
+      o, state = kernels.gated_delta_rule_step(state, q[:, 0], k[:, 0], v[:, 0], g, beta[:, 0], scale=scale)
+    return o[:, None], state
+  if beta is None:
+    return kernels.linear_scan(q, k, v, log_decay, scale=scale, initial_state=state, chunk_size=chunk_size,
+                               implementation=implementation)
+  return kernels.gated_delta_rule(q, k, v, log_decay, beta, scale=scale, initial_state=state,
+                                  chunk_size=chunk_size, implementation=implementation)
+
+
+class DecodeMixin:
+  """Decode protocol shared with attention (init_state / prefill / step): a recurrent layer's prefill and step are
+  both its forward pass carrying state, `_forward(x, state) -> (y, state)`."""
+
+  def prefill(self, x, positions, state):
+    del positions
+    return self._forward(x, state)
+
+  def step(self, x, position, state):
+    del position
+    return self._forward(x, state)
+
+  def __call__(self, x, positions):
+    del positions  # Position enters only through the recurrence (and the short convs).
+    return self._forward(x, None)[0]
+
+
+def zeros_state(batch, heads, key_dim, value_dim):
+  return jnp.zeros((batch, heads, key_dim, value_dim), jnp.float32)
+
+
+def a_log_init(rngs: nnx.Rngs, heads: int, *, low: float, high: float, dtype) -> nnx.Param:
+  """log(A) with A ~ U(low, high): per-head decay rates spread over an order of magnitude (Mamba-2 init)."""
+  a = jax.random.uniform(rngs.params(), (heads,), jnp.float32, low, high)
+  return nnx.Param(jnp.log(a).astype(dtype), logical_axes=('heads',))
+
+
+def dt_bias_init(rngs: nnx.Rngs, heads: int, *, dt_min=1e-3, dt_max=1e-1, dtype) -> nnx.Param:
+  """Inverse softplus of dt ~ log-uniform[dt_min, dt_max], so softplus(dt_bias) starts in that range."""
+  u = jax.random.uniform(rngs.params(), (heads,), jnp.float32)
+  dt = jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+  return nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(dtype), logical_axes=('heads',))

@@ -1,0 +1,193 @@
+"""The device mesh from `config.parallel`, and NamedShardings for params, optimizer state and batches.
+
+Mesh axes are always ('data', 'fsdp', 'tensor'); a size of -1 takes the devices the others leave. For multislice
+(several TPU slices joined by the data-center network) the `dcn_*` sizes give the across-slice shape and the
+plain sizes the within-slice shape; the mesh is their product. The same code yields a (1, 1, 1) mesh on one CPU.
+"""
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from hybrid_jax.parallel import rules as rules_lib
+
+AXES = rules_lib.MESH_AXES
+
+
+class MeshError(ValueError):
+  """The requested mesh shape does not fit the devices."""
+
+
+def _resolve(sizes: dict, total: int, what: str) -> dict:
+  free = [a for a in AXES if sizes[a] == -1]
+  if len(free) > 1:
+    raise MeshError(f'{what}: only one mesh axis may be -1, got {", ".join(free)}')
+  fixed = math.prod(sizes[a] for a in AXES if sizes[a] != -1)
+  if free:
+    if total % fixed:
+      raise MeshError(f'{what}: {total} devices cannot be split into {sizes} (the fixed axes multiply to {fixed})')
+    sizes = {**sizes, free[0]: total // fixed}
+  if math.prod(sizes.values()) != total:
+    raise MeshError(f'{what}: mesh {sizes} needs {math.prod(sizes.values())} devices, but there are {total}')
+  return sizes
+
+
+def mesh_shape(parallel_cfg, num_devices: int, num_slices: int = 1) -> tuple[dict, dict]:
+  """(within-slice sizes, across-slice sizes) as {'data': n, 'fsdp': n, 'tensor': n}, with -1 resolved."""
+  p = parallel_cfg
+  dcn = _resolve({a: int(p[f'dcn_{a}']) for a in AXES}, num_slices, 'config.parallel.dcn_*')
+  if num_devices % num_slices:
+    raise MeshError(f'{num_devices} devices do not split into {num_slices} equal slices')
+  ici = _resolve({a: int(p[a]) for a in AXES}, num_devices // num_slices, 'config.parallel.{data,fsdp,tensor}')
+  return ici, dcn
+
+
+def _num_slices(devices) -> int:
+  return len({getattr(d, 'slice_index', 0) for d in devices})
+
+
+def make_mesh(parallel_cfg, devices=None) -> Mesh:
+  """The ('data', 'fsdp', 'tensor') mesh over `devices` (default: all devices of all processes)."""
+  devices = list(jax.devices() if devices is None else devices)
+  slices = _num_slices(devices)
+  ici, dcn = mesh_shape(parallel_cfg, len(devices), slices)
+  auto = (AxisType.Auto,) * len(AXES)  # Classic GSPMD: shardings come from jit's in/out shardings.
+  if slices > 1:
+    from jax.experimental import mesh_utils
+    arr = mesh_utils.create_hybrid_device_mesh([ici[a] for a in AXES], [dcn[a] for a in AXES], devices)
+    return Mesh(arr, AXES, axis_types=auto)
+  shape = [ici[a] * dcn[a] for a in AXES]
+  if devices == list(jax.devices()):
+    return jax.make_mesh(shape, AXES, axis_types=auto)
+  try:  # Topology-aware order (TPU torus neighbours on the inner axes), also for unattached AOT devices.
+    from jax.experimental import mesh_utils
+    arr = mesh_utils.create_device_mesh(shape, devices=devices)
+  except Exception:  # Any subset of devices still makes a valid (if less local) mesh in the given order.
+    arr = np.asarray(devices).reshape(shape)
+  return Mesh(arr, AXES, axis_types=auto)
+
+
+def _path_name(path) -> str:
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamLayout:
+  name: str
+  shape: tuple
+  logical_axes: tuple
+  layout: rules_lib.Layout
+
+
+def param_layouts(model_def, rules: dict, mesh_shape_: dict) -> list[ParamLayout]:
+  """The layout of every parameter, from the `logical_axes` metadata of the model's abstract state."""
+  out = []
+  leaves = jax.tree.leaves_with_path(model_def.abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  for path, var in leaves:
+    name = _path_name(path)
+    value = var.get_value()
+    axes = var.get_metadata().get('logical_axes')
+    if axes is None:  # Unannotated: replicated (correct, maybe wasteful); the report flags it.
+      axes = ('unannotated',) * len(value.shape)
+    out.append(ParamLayout(name, tuple(value.shape), tuple(axes),
+                           rules_lib.layout(name, value.shape, axes, rules, mesh_shape_)))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainShardings:
+  """Shardings of the train state {'step', 'params', 'opt_state'}, of a batch, and the replicated one."""
+  mesh: Mesh
+  state: dict
+  batch: NamedSharding
+  replicated: NamedSharding
+
+
+def param_shardings(model_def, mesh: Mesh, rules: dict):
+  """A pure dict (the params' structure) of NamedShardings."""
+  by_name = {p.name: NamedSharding(mesh, p.layout.spec) for p in param_layouts(model_def, rules, dict(mesh.shape))}
+  pure = nnx.to_pure_dict(model_def.abstract_state)
+  return jax.tree_util.tree_map_with_path(lambda path, _: by_name[_path_name(path)], pure)
+
+
+def _opt_state_shardings(abstract_opt_state, abstract_params, p_shardings, replicated):
+  """Optimizer leaves that mirror a parameter (Adam moments) take its sharding; the rest are replicated."""
+  params = {tuple(_path_name([k]) for k in path): (leaf.shape, s) for (path, leaf), s in zip(
+      jax.tree.leaves_with_path(abstract_params), jax.tree.leaves(p_shardings))}
+
+  def pick(path, leaf):
+    keys = tuple(_path_name([k]) for k in path)
+    for start in range(len(keys)):
+      match = params.get(keys[start:])
+      if match is not None and match[0] == leaf.shape:
+        return match[1]
+    return replicated
+
+  return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
+
+
+def train_shardings(model_def, tx, mesh: Mesh, rules: dict) -> TrainShardings:
+  p_shardings = param_shardings(model_def, mesh, rules)
+  replicated = NamedSharding(mesh, P())
+  abstract_params = nnx.to_pure_dict(model_def.abstract_state)
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  state = {'step': replicated, 'params': p_shardings,
+           'opt_state': _opt_state_shardings(abstract_opt, abstract_params, p_shardings, replicated)}
+  batch_axes = tuple(a for a in rules.get('batch', ()) if mesh.shape[a] > 1)
+  batch = NamedSharding(mesh, P(batch_axes or None))
+  return TrainShardings(mesh, state, batch, replicated)
+
+
+def batch_shards(mesh: Mesh, rules: dict) -> int:
+  """How many ways the batch dimension is split (train.batch_size must be a multiple)."""
+  return math.prod(mesh.shape[a] for a in rules.get('batch', ()))
+
+
+def sharding_report(model_def, rules: dict, mesh_shape_: dict) -> tuple[list[dict], str]:
+  """(rows, text): every parameter's sharding and per-device size; flags tensors left (partly) replicated.
+
+  A tensor is flagged when a rule asked for a split the shape does not allow, or when it is fully replicated on
+  a multi-device mesh although one of its dimensions divides by an unused mesh axis (a rule could shard it).
+  """
+  rows, devices = [], math.prod(mesh_shape_.values())
+  for p in param_layouts(model_def, rules, mesh_shape_):
+    split = 1
+    used = set()
+    for entry in p.layout.spec:
+      for a in (entry if isinstance(entry, tuple) else (entry,) if entry else ()):
+        split *= mesh_shape_[a]
+        used.add(a)
+    flags = [f'not split: {u}' for u in p.layout.unsplit]
+    if split == 1 and devices > 1:
+      options = [f'{logical}->{a}' for dim, logical in zip(p.shape, p.logical_axes)
+                 for a in AXES if logical and a not in used and mesh_shape_[a] > 1 and dim % mesh_shape_[a] == 0]
+      if options:
+        flags.append('replicated; could shard ' + ', '.join(options[:3]))
+    size = math.prod(p.shape)
+    rows.append({'name': p.name, 'shape': list(p.shape), 'logical_axes': list(p.logical_axes),
+                 'spec': str(p.layout.spec), 'per_device_fraction': 1 / split, 'elements': size, 'flags': flags})
+  width = max(len(r['name']) for r in rows)
+  lines = [f'mesh {mesh_shape_} ({devices} devices)', f'{"parameter":{width}s}  {"shape":18s} {"spec":40s} flags']
+  for r in rows:
+    lines.append(f'{r["name"]:{width}s}  {str(tuple(r["shape"])):18s} {r["spec"]:40s} {"; ".join(r["flags"])}')
+  flagged = sum(bool(r['flags']) for r in rows)
+  total = sum(r['elements'] for r in rows)
+  per_device = sum(r['elements'] * r['per_device_fraction'] for r in rows)
+  lines.append(f'{len(rows)} parameters, {flagged} flagged; {total:,} elements, {per_device:,.0f} per device')
+  return rows, '\n'.join(lines)
+
+
+def topology_devices(topology: str) -> list:
+  """The (unattached) devices of a TPU topology such as 'v5p:4x4x4', for ahead-of-time compilation."""
+  try:
+    from jax.experimental import topologies
+    desc = topologies.get_topology_desc(topology_name=topology, platform='tpu')
+  except Exception as e:  # No libtpu, or a name libtpu does not know.
+    raise MeshError(f'cannot describe TPU topology {topology!r}: {type(e).__name__}: {e}. Targeting a TPU '
+                    "topology needs libtpu (pip install -e '.[tpu]'); names look like 'v5p:4x4x4' or "
+                    "'v5e:16x16'. Without libtpu, check a fake CPU mesh with --devices=N instead.") from e
+  return list(desc.devices)

@@ -1,0 +1,226 @@
+"""Sharded training on fake CPU meshes: rules, mesh shapes, the sharding report, loss equal to one device for
+data / FSDP / tensor parallelism, checkpoints restored onto other meshes, and the compile check.
+
+Multi-device runs happen in subprocesses: the device count is fixed when jax starts, and this process has one.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hybrid_jax.config import ConfigError, validate
+from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+from hybrid_jax.train import state as state_lib
+from tests.conftest import ROOT, small_config
+
+ARCHES = ('full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise', 'lightning', 'mamba2', 'gdn')
+MESHES = ((8, 1, 1), (1, 8, 1), (2, 2, 2))
+
+
+def run_with_devices(n: int, code: str, timeout=900) -> str:
+  """Runs `code` in a fresh interpreter with `n` fake CPU devices; returns its stdout."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={n}')
+  out = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=timeout)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return out.stdout
+
+
+# ------------------------------------------------------------------------------------------ in-process units
+def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():
+  p = small_config().parallel
+  p.update(dict(data=-1, fsdp=2, tensor=2))
+  assert mesh_lib.mesh_shape(p, 8)[0] == {'data': 2, 'fsdp': 2, 'tensor': 2}
+  p.update(dict(data=3, fsdp=-1, tensor=1))
+  with pytest.raises(mesh_lib.MeshError, match='8 devices cannot be split'):
+    mesh_lib.mesh_shape(p, 8)
+  p.update(dict(data=2, fsdp=2, tensor=1))
+  with pytest.raises(mesh_lib.MeshError, match='needs 4 devices, but there are 8'):
+    mesh_lib.mesh_shape(p, 8)
+  p.update(dict(data=-1, fsdp=1, tensor=1, dcn_data=2))
+  assert mesh_lib.mesh_shape(p, 8, num_slices=2) == ({'data': 4, 'fsdp': 1, 'tensor': 1},
+                                                      {'data': 2, 'fsdp': 1, 'tensor': 1})
+
+
+def test_rule_conflicts_and_unknown_axes_are_config_errors():
+  c = small_config()
+  c.parallel.rules.vocab = 'fsdp'  # The embedding table is (vocab, embed); embed is on fsdp too.
+  with pytest.raises(ConfigError, match="'vocab' and 'embed' both map to mesh axis 'fsdp'"):
+    validate(c)
+  c = small_config()
+  c.parallel.rules.mlp = 'model'
+  with pytest.raises(ConfigError, match="unknown mesh axis 'model'"):
+    validate(c)
+  c = small_config()
+  c.parallel.update(dict(data=-1, fsdp=-1))
+  with pytest.raises(ConfigError, match='only one of'):
+    validate(c)
+  c = small_config()
+  c.parallel.data = 4  # small_config's batch of 2 cannot split 4 ways.
+  with pytest.raises(ConfigError, match='train.batch_size=2 is invalid: must be divisible'):
+    validate(c)
+
+
+def test_layouts_follow_the_rules_and_the_report_flags_replicated_tensors():
+  c = small_config(scan_layers=True, num_layers=4)
+  model_def = state_lib.make_model_def(c.model)
+  rules = rules_lib.parse_rules(c.parallel.rules)
+  by_name = {p.name: p for p in mesh_lib.param_layouts(model_def, rules, {'data': 1, 'fsdp': 4, 'tensor': 2})}
+  assert str(by_name['cycles/blocks/0/mixer/wq'].layout.spec) == str(rules_lib.layout(
+      'x', (2, 32, 4, 8), ('layers', 'embed', 'heads', 'head_dim'), rules, {'fsdp': 4, 'tensor': 2}).spec)
+  assert tuple(by_name['cycles/blocks/0/mixer/wq'].layout.spec) == (None, 'fsdp', 'tensor', None)
+  assert tuple(by_name['embed'].layout.spec) == (None, 'fsdp')  # 257 rows do not split 2 ways.
+  assert by_name['embed'].layout.unsplit == ('vocab (257 % 2 != 0)',)
+  rows, text = mesh_lib.sharding_report(model_def, rules, {'data': 8, 'fsdp': 1, 'tensor': 1})
+  flagged = {r['name']: r['flags'] for r in rows if r['flags']}
+  assert 'replicated; could shard' in flagged['lm_head'][0]  # Pure data parallel replicates every weight.
+  assert 'parameters' in text.splitlines()[-1]
+
+
+def test_cli_shardings_report(tmp_path):
+  out = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'shardings', '--devices=8',
+                        f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.parallel.fsdp=4',
+                        '--config.parallel.tensor=2'], capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr
+  assert "mesh {'data': 1, 'fsdp': 4, 'tensor': 2}" in out.stdout
+  assert 'not split: vocab (257 % 2 != 0)' in out.stdout
+  line = next(l for l in out.stdout.splitlines() if l.startswith('tail/0/mlp/gate'))
+  assert "P('fsdp', 'tensor')" in line
+
+
+# --------------------------------------------------------------------------------- multi-device subprocesses
+_LOSSES = '''
+import json, sys
+import jax, numpy as np
+from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+from hybrid_jax.train import optim, state as state_lib, step as step_lib
+from tests.conftest import small_config
+
+def config(arch, shape):
+  c = small_config(arch, dtype='float32', scan_layers=SCAN, num_layers=LAYERS)
+  c.train.batch_size = 8
+  c.parallel.data, c.parallel.fsdp, c.parallel.tensor = shape
+  return c
+
+def losses(cfg, devices, steps=STEPS):
+  md = state_lib.make_model_def(cfg.model)
+  tx = optim.make_optimizer(cfg.train)
+  mesh = mesh_lib.make_mesh(cfg.parallel, devices)
+  sh = mesh_lib.train_shardings(md, tx, mesh, rules_lib.parse_rules(cfg.parallel.rules))
+  state = state_lib.init_sharded_train_state(cfg.model, cfg.seed, tx, sh.state)
+  step = step_lib.make_train_step(md, tx, cfg.train, sh)
+  rng = np.random.default_rng(0)
+  out = []
+  for _ in range(steps):
+    toks = rng.integers(0, 256, (cfg.train.batch_size, cfg.data.seq_len + 1)).astype(np.int32)
+    batch = {k: jax.device_put(v, sh.batch) for k, v in {'inputs': toks[:, :-1], 'targets': toks[:, 1:]}.items()}
+    state, m = step(state, batch)
+    out.append(float(m['loss']))
+  specs = {str(s.sharding.spec) for s in jax.tree.leaves(state['params'])} if len(devices) > 1 else set()
+  return out, sorted(specs)
+
+result = {}
+for arch, shapes in json.loads(sys.argv[1]).items():
+  result[arch] = {'single': losses(config(arch, (1, 1, 1)), jax.devices()[:1])[0]}
+  for shape in shapes:
+    result[arch][str(tuple(shape))] = losses(config(arch, tuple(shape)), jax.devices())
+print(json.dumps(result))
+'''
+
+
+def _check_matrix(matrix, *, layers=4, scan=True, steps=3):
+  code = _LOSSES.replace('json.loads(sys.argv[1])', repr(json.dumps(matrix)).join(['json.loads(', ')']))
+  code = code.replace('SCAN', str(scan)).replace('LAYERS', str(layers)).replace('STEPS', str(steps))
+  result = json.loads(run_with_devices(8, code).splitlines()[-1])
+  for arch, shapes in matrix.items():
+    single = result[arch]['single']
+    for shape in shapes:
+      losses, specs = result[arch][str(tuple(shape))]
+      assert max(abs(a - b) for a, b in zip(losses, single)) < 1e-5, (arch, shape, losses, single)
+      if shape != [8, 1, 1]:
+        assert any(('fsdp' in s) or ('tensor' in s) for s in specs), (arch, shape, specs)  # Really sharded.
+
+
+def test_sharded_loss_matches_one_device_fast():
+  _check_matrix({'swa128': [[2, 2, 2]]}, layers=2, scan=False, steps=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('arch', ARCHES)
+def test_every_arch_under_every_mesh_matches_one_device(arch):
+  _check_matrix({arch: [list(s) for s in MESHES]})
+
+
+# ----------------------------------------------------------------------------- checkpoints across topologies
+_TRAIN = '''
+import json, sys
+from hybrid_jax.train import loop, metrics
+from tests.conftest import small_config
+workdir, shape, steps = sys.argv[1], tuple(json.loads(sys.argv[2])), int(sys.argv[3])
+c = small_config(dtype='float32')
+c.train.update(dict(batch_size=8, steps=steps, checkpoint_every=3, async_checkpointing=False))
+c.parallel.data, c.parallel.fsdp, c.parallel.tensor = shape
+result = loop.train(c, workdir)
+losses = {r['step']: r['loss'] for r in metrics.read_jsonl(workdir + '/metrics.jsonl') if r['kind'] == 'train'}
+print(json.dumps({'resumed_from': result['resumed_from'], 'mesh': result['mesh'], 'losses': losses}))
+'''
+
+
+def _train(n_devices, workdir, shape, steps):
+  code = _TRAIN.replace('sys.argv[1]', repr(str(workdir))).replace('sys.argv[2]', repr(json.dumps(shape)))
+  return json.loads(run_with_devices(n_devices, code.replace('sys.argv[3]', str(steps))).splitlines()[-1])
+
+
+def _restored_onto(tmp_path, reference, n_devices, shape):
+  workdir = tmp_path / f'on{n_devices}'
+  shutil.copytree(tmp_path / 'ref', workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '6')  # Resume from step 3, written on the 8-device mesh.
+  got = _train(n_devices, workdir, shape, 6)
+  assert got['resumed_from'] == 3 and got['mesh'] == dict(zip(('data', 'fsdp', 'tensor'), shape))
+  for step in ('4', '5', '6'):  # Same batches (data-iterator state restored) and the same losses.
+    assert abs(got['losses'][step] - reference['losses'][step]) < 1e-5, (step, got, reference)
+
+
+def test_checkpoint_from_8_devices_restores_on_1(tmp_path):
+  reference = _train(8, tmp_path / 'ref', [2, 2, 2], 6)
+  assert reference['resumed_from'] == 0
+  _restored_onto(tmp_path, reference, 1, [1, 1, 1])
+
+
+@pytest.mark.slow
+def test_checkpoint_from_8_devices_restores_on_4_and_1(tmp_path):
+  reference = _train(8, tmp_path / 'ref', [2, 2, 2], 6)
+  _restored_onto(tmp_path, reference, 4, [1, 4, 1])
+  shutil.rmtree(tmp_path / 'on4')
+  _restored_onto(tmp_path, reference, 1, [1, 1, 1])
+
+
+# --------------------------------------------------------------------------------------------- compile check
+def test_compile_check_reports_memory_and_flops_and_fails_over_budget():
+  args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--devices=8', '--memory_budget_gib=0.001',
+          f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.model.num_layers=2',
+          '--config.model.d_model=64', '--config.data.seq_len=64', '--config.parallel.fsdp=4',
+          '--config.parallel.tensor=2']
+  out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 3 and 'over the budget of 0.001 GiB' in out.stderr, out.stderr[-3000:]
+  report = json.loads(out.stdout)  # The report comes first, then the verdict.
+  assert report['mesh'] == {'data': 1, 'fsdp': 4, 'tensor': 2} and report['devices'] == 8
+  mem = report['per_device_bytes']
+  assert 0 < mem['parameters'] < mem['optimizer'] and mem['peak'] >= mem['arguments'] > mem['parameters']
+  assert report['flops_per_step_per_device'] > 0
+
+
+def test_compile_check_tpu_topology_without_libtpu_is_a_clear_error():
+  import importlib.util
+  if importlib.util.find_spec('libtpu') is not None:
+    pytest.skip('libtpu is installed: the topology path is real here')
+  out = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'compile-check', '--topology=v5p:4x4x4'],
+                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode != 0
+  assert "cannot describe TPU topology 'v5p:4x4x4'" in out.stderr and 'libtpu' in out.stderr
