@@ -41,7 +41,7 @@ def get_config(arg=None):
   m.param_dtype = 'float32'  # Master weights.
   m.scan_layers = False  # Scan over repeats of the layer cycle: compile time flat in depth.
   m.remat = 'none'  # Rematerialisation of each block: 'none' | 'full' | 'save_dots' (keep matmul outputs).
-  m.attention_implementation = 'auto'  # 'auto' | 'xla' | 'reference' | 'cudnn' (see hybrid_jax.kernels).
+  m.attention_implementation = 'auto'  # 'auto' | 'xla' | 'reference' | 'cudnn' | 'pallas_gpu' | 'pallas_tpu'.
   # Recurrent mixers (cycle kinds 'lightning', 'mamba2', 'gdn'). Inner shapes are chosen per scale in
   # configs/hybrid.py so each mixer's parameter count is within 5% of the attention layer's (docs/MIXER_SHAPES.md);
   # the defaults here match the tiny scale (d_model 128).

@@ -22,7 +22,7 @@ REMAT_POLICIES = ('none', 'full', 'save_dots')
 SCHEDULES = ('wsd', 'cosine', 'constant')
 SOURCES = ('builtin', 'files', 'tfds')
 DTYPES = ('float32', 'bfloat16', 'float16')
-ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn')
+ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
 
 
 class ConfigError(ValueError):
