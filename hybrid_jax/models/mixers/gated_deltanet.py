@@ -35,10 +35,7 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     self.wg = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)  # Output gate.
     self.norm = nnx.Param(jnp.ones((v,), pdt), logical_axes=('head_dim',))  # Shared by the heads.
     self.wo = param(rngs, (h, v, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
-    self.eps = cfg.norm_eps
-    self.chunk_size = cfg.recurrent_chunk_size
-    self.implementation = recurrent.implementation(cfg)
-    self.dtype = dtype_of(cfg.dtype)
+    self._configure(cfg)
 
   def init_state(self, batch: int, max_len: int):
     del max_len  # O(1) in the context length.

@@ -41,10 +41,7 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     self.wo = param(rngs, (h, v, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
     # A plain tuple of Python floats: a static constant of the graph, never trained.
     self.log_decay = tuple(-s * spec.decay_scale for s in alibi_slopes(h))
-    self.eps = cfg.norm_eps
-    self.chunk_size = cfg.recurrent_chunk_size
-    self.implementation = recurrent.implementation(cfg)
-    self.dtype = dtype_of(cfg.dtype)
+    self._configure(cfg)
 
   def init_state(self, batch: int, max_len: int):
     del max_len  # O(1) in the context length.

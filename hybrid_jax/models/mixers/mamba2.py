@@ -35,10 +35,7 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     self.D = nnx.Param(jnp.ones((h,), pdt), logical_axes=('heads',))
     self.norm = nnx.Param(jnp.ones((h, p), pdt), logical_axes=('heads', 'head_dim'))
     self.out = param(rngs, (h, p, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
-    self.eps = cfg.norm_eps
-    self.chunk_size = cfg.recurrent_chunk_size
-    self.implementation = recurrent.implementation(cfg)
-    self.dtype = dtype_of(cfg.dtype)
+    self._configure(cfg)
 
   def init_state(self, batch: int, max_len: int):
     del max_len  # O(1) in the context length.

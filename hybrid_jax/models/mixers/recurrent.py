@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax import kernels
+from hybrid_jax.models.layers import dtype_of
 
 
 def implementation(cfg):
@@ -77,6 +78,13 @@ def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, chunk_size, i
 class DecodeMixin:
   """Decode protocol shared with attention (init_state / prefill / step): a recurrent layer's prefill and step are
   both its forward pass carrying state, `_forward(x, state) -> (y, state)`."""
+
+  def _configure(self, cfg):
+    """Settings every recurrent layer reads: norm epsilon, scan chunk size and kernel, compute dtype."""
+    self.eps = cfg.norm_eps
+    self.chunk_size = cfg.recurrent_chunk_size
+    self.implementation = implementation(cfg)
+    self.dtype = dtype_of(cfg.dtype)
 
   def prefill(self, x, positions, state):
     del positions
