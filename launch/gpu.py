@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+import command_line  # launch/command_line.py (this folder is on sys.path when a launcher runs)
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -47,10 +49,7 @@ def main(argv=None) -> int:
   p.add_argument('--log_dir', default='runs/slurm')
   p.add_argument('--python', default=sys.executable)
   p.add_argument('--dry-run', action='store_true', help='print instead of running')
-  argv = list(sys.argv[1:] if argv is None else argv)
-  cut = argv.index('--') if '--' in argv else len(argv)
-  a = p.parse_args(argv[:cut])
-  a.command = argv[cut + 1:] or ['train']  # The hybrid_jax command and its flags, after --.
+  a = command_line.parse(p, argv, ['train'])
   if a.mode == 'local':
     cmd = local_command(a)
     print(shlex.join(cmd[1:]), flush=True)

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+import command_line  # launch/command_line.py (this folder is on sys.path when a launcher runs)
+
 
 def free_port() -> int:
   with socket.socket() as s:
@@ -74,10 +76,7 @@ def main(argv=None) -> int:
   parser.add_argument('--grace', type=float, default=120.0, help='seconds the others get after one fails')
   parser.add_argument('--python', default=sys.executable)
   parser.add_argument('--dry-run', action='store_true', help='print the commands instead of running them')
-  argv = list(sys.argv[1:] if argv is None else argv)
-  cut = argv.index('--') if '--' in argv else len(argv)
-  args = parser.parse_args(argv[:cut])
-  args.command = argv[cut + 1:] or ['train']  # The hybrid_jax command and its flags, after --.
+  args = command_line.parse(parser, argv, ['train'])
   args.port = args.port or (12355 if args.dry_run else free_port())
   if args.dry_run:
     for env, argv in commands(args):

@@ -18,6 +18,8 @@ import shlex
 import subprocess
 import sys
 
+import command_line  # launch/command_line.py (this folder is on sys.path when a launcher runs)
+
 LOG = '~/hybrid_jax_run.log'
 
 
@@ -81,10 +83,7 @@ def main(argv=None) -> int:
   p.add_argument('--worker', default='0', help="logs: which worker's log ('all' for every worker)")
   p.add_argument('--detach', action='store_true', help='run: start in the background (then use logs / stop)')
   p.add_argument('--dry-run', action='store_true', help='print the commands instead of running them')
-  argv = list(sys.argv[1:] if argv is None else argv)
-  cut = argv.index('--') if '--' in argv else len(argv)
-  a = p.parse_args(argv[:cut])
-  a.command = argv[cut + 1:]  # The hybrid_jax command and its flags, after --.
+  a = command_line.parse(p, argv)
   if a.action == 'run' and not a.command:
     p.error('run needs a hybrid_jax command after --, e.g. -- train --config=...')
   if a.action == 'setup' and not a.repo:
