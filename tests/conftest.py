@@ -29,3 +29,15 @@ def small_config(arch='swa128_nope', **model_overrides):
 @pytest.fixture
 def small():
   return small_config()
+
+
+@pytest.fixture(scope='session')
+def tiny_run(tmp_path_factory):
+  """A run directory trained for a few steps once per test session (checkpoints at steps 4, 8, 12).
+
+  Tools that read runs (eval, analysis) test against it; treat it as read-only.
+  """
+  from hybrid_jax.train import loop
+  workdir = tmp_path_factory.mktemp('tiny_run')
+  loop.train(small_config(), workdir)
+  return workdir

@@ -1,0 +1,105 @@
+"""A trained run as its directory: `config.json` plus orbax checkpoints, loaded read-only for evaluation and analysis.
+
+Training writes `<workdir>/config.json` and `<workdir>/checkpoints/<step>/`; `load_run` turns them back into a
+model and its parameters on the local devices. Nothing in the run directory is moved or rewritten here (unlike
+training's resume, which sets unrestorable checkpoints aside).
+"""
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from hybrid_jax.config import ConfigError, validate
+from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
+from hybrid_jax.train import optim, state as state_lib
+
+
+class RunError(ValueError):
+  """A run directory is missing, incomplete, or its checkpoint does not match its config."""
+
+
+@dataclasses.dataclass
+class Run:
+  """A loaded run: `model_def.bind(params)` is the model; `step` is the checkpoint's training step."""
+  workdir: pathlib.Path
+  config: ml_collections.ConfigDict
+  step: int
+  model_def: state_lib.ModelDef
+  params: dict
+
+  @property
+  def tokenizer(self) -> Tokenizer:
+    return get_tokenizer(self.config.data.tokenizer)
+
+  @property
+  def model(self):
+    return self.model_def.bind(self.params)
+
+
+def load_config(workdir) -> ml_collections.ConfigDict:
+  """The validated config a run was trained with (from `<workdir>/config.json`)."""
+  path = pathlib.Path(workdir) / 'config.json'
+  if not path.is_file():
+    raise RunError(f'{workdir} is not a run directory: no config.json (train one with `python -m hybrid_jax train '
+                   f'--workdir {workdir}`)')
+  try:
+    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  except json.JSONDecodeError as e:
+    raise RunError(f'{path} is not valid JSON: {e}') from e
+  try:
+    return validate(config)
+  except ConfigError as e:
+    raise RunError(f'{path} holds an invalid config: {e}') from e
+
+
+def checkpoint_steps(workdir) -> list[int]:
+  """Saved steps of a run, ascending (directories named by step that hold finished checkpoints)."""
+  root = pathlib.Path(workdir) / 'checkpoints'
+  if not root.is_dir():
+    return []
+  return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def _restore_params(directory: pathlib.Path, step: int, abstract_state: dict) -> dict:
+  """Parameters of checkpoint `step` (the train state's 'params'), placed on the first local device."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract_state)
+  with ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False,
+                                                                                        read_only=True)) as mgr:
+    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+  return restored.state['params']
+
+
+def load_run(workdir, step: int | None = None, *, model_overrides: dict | None = None) -> Run:
+  """The run in `workdir` at checkpoint `step` (default: the newest).
+
+  `model_overrides` change inference-time model settings (e.g. `{'attention_implementation': 'reference'}` or a
+  restricted `window`); they must not change parameter shapes, which the restore checks.
+  """
+  workdir = pathlib.Path(workdir)
+  config = load_config(workdir)
+  if model_overrides:
+    config.unlock()
+    config.model.update(model_overrides)
+    try:
+      validate(config)
+    except ConfigError as e:
+      raise RunError(f'model overrides {model_overrides} make the config of {workdir} invalid: {e}') from e
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    raise RunError(f'{workdir} has no checkpoints under {workdir / "checkpoints"}')
+  if step is None:
+    step = steps[-1]
+  elif step not in steps:
+    raise RunError(f'{workdir} has no checkpoint at step {step}; saved steps: {steps}')
+  abstract = state_lib.abstract_initial_state(config.model, config.seed, optim.make_optimizer(config.train))
+  try:
+    params = _restore_params(workdir / 'checkpoints', step, abstract)
+  except Exception as e:  # Orbax raises many types for missing, partial or mismatched files.
+    raise RunError(f'the checkpoint at step {step} of {workdir} cannot be restored for its config: '
+                   f'{type(e).__name__}: {e}') from e
+  return Run(workdir, config, step, state_lib.make_model_def(config.model), params)
