@@ -9,11 +9,13 @@ import dataclasses
 import json
 import pathlib
 
+import logging
+
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from hybrid_jax.config import ConfigError, validate
+from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
 from hybrid_jax.train import optim, state as state_lib
 
@@ -47,13 +49,32 @@ def load_config(workdir) -> ml_collections.ConfigDict:
     raise RunError(f'{workdir} is not a run directory: no config.json (train one with `python -m hybrid_jax train '
                    f'--workdir {workdir}`)')
   try:
-    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    saved = json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise RunError(f'{path} is not valid JSON: {e}') from e
+  config = _with_new_defaults(saved, load_config_file(str(BASE_CONFIG)), path)
   try:
     return validate(config)
   except ConfigError as e:
     raise RunError(f'{path} holds an invalid config: {e}') from e
+
+
+def _with_new_defaults(saved: dict, base: ml_collections.ConfigDict, path) -> ml_collections.ConfigDict:
+  """The saved config, plus base defaults for keys added to the project after the run was trained (logged)."""
+  added = []
+
+  def fill(node: dict, defaults: ml_collections.ConfigDict, prefix: str):
+    for key, value in defaults.items():
+      if key not in node:
+        node[key] = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+        added.append(prefix + key)
+      elif isinstance(value, ml_collections.ConfigDict) and isinstance(node[key], dict):
+        fill(node[key], value, f'{prefix}{key}.')
+
+  fill(saved, base, '')
+  if added:
+    logging.warning('%s predates config key(s) %s; using their defaults from configs/base.py', path, added)
+  return ml_collections.ConfigDict(saved)
 
 
 def checkpoint_steps(workdir) -> list[int]:

@@ -97,6 +97,24 @@ def test_sentencepiece_round_trip(tmp_path):
   assert tok.decode(ids) == text
   clone = pickle.loads(pickle.dumps(tok))  # grain worker processes receive it pickled.
   np.testing.assert_array_equal(clone.encode(text), ids)
+  _check_offsets(tok, text)
+
+
+def _check_offsets(tok, text):
+  """Offsets agree with encode, are ordered, cover the text, and each token decodes to its text slice."""
+  ids, offsets = tok.encode_with_offsets(text)
+  np.testing.assert_array_equal(ids, tok.encode(text))
+  assert len(offsets) == len(ids)
+  assert all(a <= b for a, b in offsets) and all(o1[0] <= o2[0] for o1, o2 in zip(offsets, offsets[1:]))
+  covered = ''.join(text[a:b] for a, b in dict.fromkeys(offsets))  # a multi-byte character's bytes share offsets
+  assert covered.replace(' ', '') == text.replace(' ', '')  # SentencePiece may fold a space into its marker
+
+
+def test_byte_tokenizer_offsets():
+  tok = tokenizers.ByteTokenizer()
+  _check_offsets(tok, 'héllo wörld ∑ 42')
+  ids, offsets = tok.encode_with_offsets('aé')
+  assert list(ids) == [97, 0xC3, 0xA9] and offsets == [(0, 1), (1, 2), (1, 2)]
 
 
 def test_sentencepiece_errors(tmp_path):

@@ -41,3 +41,15 @@ def test_load_run_overrides_and_errors(tiny_run, tmp_path):
     runs.load_run(tmp_path)
   with pytest.raises(runs.RunError, match='cannot be restored'):
     runs.load_run(tiny_run, model_overrides={'d_model': 48})
+
+
+def test_a_run_saved_before_a_config_key_existed_still_loads(tiny_run, tmp_path, caplog):
+  import shutil
+  old = tmp_path / 'old_run'
+  shutil.copytree(tiny_run, old)
+  saved = json.loads((old / 'config.json').read_text())
+  del saved['eval']['position_buckets'], saved['model']['gdn']
+  (old / 'config.json').write_text(json.dumps(saved))
+  config = runs.load_config(old)
+  assert config.eval.position_buckets == 8 and config.model.gdn.conv_width == 4  # configs/base.py defaults
+  assert 'eval.position_buckets' in caplog.text and 'model.gdn' in caplog.text

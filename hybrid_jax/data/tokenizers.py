@@ -22,6 +22,10 @@ class Tokenizer(Protocol):
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     ...
 
+  def encode_with_offsets(self, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Ids and each token's [start, end) character offsets in `text` (to map character spans onto tokens)."""
+    ...
+
 
 class ByteTokenizer:
   """UTF-8 bytes as ids 0..255 plus EOS = 256: no vocabulary file, no out-of-vocabulary text."""
@@ -37,6 +41,12 @@ class ByteTokenizer:
   def decode(self, ids) -> str:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     return ids[(ids >= 0) & (ids < 256)].astype(np.uint8).tobytes().decode('utf-8', errors='replace')
+
+  def encode_with_offsets(self, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Every byte of character i gets offsets (i, i + 1)."""
+    ids = self.encode(text)
+    offsets = [(i, i + 1) for i, ch in enumerate(text) for _ in range(len(ch.encode('utf-8', 'surrogatepass')))]
+    return ids, offsets
 
   def __repr__(self):
     return 'ByteTokenizer()'
@@ -70,6 +80,11 @@ class SentencePieceTokenizer:
   def decode(self, ids) -> str:
     ids = [int(i) for i in np.asarray(ids).reshape(-1) if 0 <= int(i) < self.vocab_size]
     return self._sp.decode(ids)
+
+  def encode_with_offsets(self, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """SentencePiece's own character offset mapping (a space folded into '▁' belongs to the next token)."""
+    result = self._sp.encode(text, return_type='offset_mapping')
+    return np.asarray(result['ids'], np.int32), [(int(a), int(b)) for a, b in result['offsets']]
 
   def __getstate__(self):
     return {'path': self.path, 'proto': self._proto}

@@ -1,0 +1,158 @@
+"""`python -m hybrid_jax eval` on a trained run: task outputs against independent computations, and clear errors."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from tests.conftest import small_config
+from hybrid_jax import runs
+from hybrid_jax.data import pipeline
+from hybrid_jax.data.tokenizers import ByteTokenizer
+from hybrid_jax.eval import cli, suite
+from hybrid_jax.eval.scoring import ModelScorer
+from hybrid_jax.train import state as state_lib
+
+
+def _log_softmax_nll(logits, targets):
+  logits = np.asarray(logits, np.float64)
+  logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  return logz - np.take_along_axis(logits, np.asarray(targets)[..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize('arch', ['swa128_nope', 'gdn'])
+def test_scorer_nll_is_unchanged_by_padding(arch):
+  """Right padding to the compile bucket leaves every real token's NLL as one unpadded forward pass gives it."""
+  cfg = small_config(arch, dtype='float32').model
+  model_def, params = state_lib.init_model(cfg, 3)
+  ids = np.random.default_rng(0).integers(0, 256, 37)
+  scorer = ModelScorer(model_def, params, ByteTokenizer(), pad_multiple=16)
+  logits = jax.jit(lambda p, t: model_def.bind(p)(t))(params, ids[None, :-1])
+  expected = _log_softmax_nll(logits[0], ids[1:])
+  got = scorer.nll(ids)
+  assert math.isnan(got[0])
+  np.testing.assert_allclose(got[1:], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_parse_tasks():
+  assert suite.parse_tasks('ppl, ruler:vt+cwe') == [('ppl', []), ('ruler', ['vt', 'cwe'])]
+  with pytest.raises(suite.EvalError, match="unknown eval task 'rulr'"):
+    suite.parse_tasks('ppl,rulr')
+  with pytest.raises(suite.EvalError, match='no tasks'):
+    suite.parse_tasks(' , ')
+
+
+def test_ppl_matches_a_direct_forward_pass(tiny_run, tmp_path, capsys):
+  out = tmp_path / 'eval'
+  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'ppl', '--context-lengths', '32,64', '--ppl-batches', '2',
+                   '--batch-size', '2', '--out', str(out), '--no-progress']) == 0
+  result = json.loads((out / 'ppl.json').read_text())
+  assert (out / 'ppl_by_position.png').stat().st_size > 0
+  assert result['step'] == 12 and set(result['by_context']) == {'32', '64'}
+  run = runs.load_run(tiny_run)
+  for length in (32, 64):
+    config = run.config.copy_and_resolve_references()
+    config.data.seq_len, config.train.batch_size = length, 2
+    nll = [_log_softmax_nll(run.model(b['inputs']), b['targets']) for b in pipeline.make_eval_batches(config, 2)]
+    got = result['by_context'][str(length)]
+    assert got['tokens'] == 2 * 2 * length
+    np.testing.assert_allclose(got['loss'], np.mean(nll), rtol=1e-4)
+    assert len(got['loss_by_position']) == config.eval.position_buckets
+  printed = capsys.readouterr().out
+  assert 'perplexity' in printed and 'ppl' in printed
+
+
+def test_longppl_with_file_spans_and_self_evaluator(tiny_run, tmp_path):
+  text = 'def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n' * 3
+  spans = [[17, 29], [60, 70]]
+  data = tmp_path / 'docs.jsonl'
+  data.write_text(json.dumps({'text': text, 'spans': spans}) + '\n' + json.dumps({'text': text[::-1]}) + '\n')
+  out = tmp_path / 'eval'
+  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'longppl', '--context-lengths', '64,200',
+                   '--longppl-data', str(data), '--longppl-evaluator', 'self', '--longppl-trunc-len', '32',
+                   '--longppl-stride', '16', '--out', str(out), '--no-progress']) == 0
+  result = json.loads((out / 'longppl.json').read_text())
+  run = runs.load_run(tiny_run)
+  ids = np.frombuffer(text.encode(), np.uint8).astype(np.int32)
+  for length in (64, 200):
+    doc = result['by_context'][str(length)]['documents'][0]
+    n = min(length, len(ids))
+    nll = _log_softmax_nll(run.model(ids[None, :n - 1]), ids[None, 1:n])[0]
+    key = [i for i in range(1, n) if any(a <= i < b for a, b in spans)]  # ASCII: byte i is character i
+    assert doc['key_tokens'] == len(key)
+    np.testing.assert_allclose(doc['longppl'], math.exp(np.mean(nll[np.asarray(key) - 1])), rtol=1e-4)
+    np.testing.assert_allclose(doc['ppl'], math.exp(np.mean(nll)), rtol=1e-4)
+  assert result['evaluator'] == 'self'
+
+
+def test_niah_and_ruler_write_scores_and_heat_map(tiny_run, tmp_path):
+  out = tmp_path / 'eval'
+  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'niah:niah_single_1,ruler:niah_single_1',
+                   '--context-lengths', '520', '--max-context', '600', '--samples', '1', '--depths', '0,1',
+                   '--out', str(out), '--no-progress']) == 0
+  niah = json.loads((out / 'niah.json').read_text())
+  assert (out / 'niah_heatmap.png').stat().st_size > 0
+  assert np.asarray(niah['scores']).shape == (2, 1) and len(niah['samples']) == 2
+  for sample in niah['samples']:  # An untrained-ish model: scores follow from its predictions by RULER's rule.
+    expected = 100.0 * all(o.lower() in sample['prediction'].strip().lower() for o in sample['outputs'])
+    assert expected in (0.0, 100.0)
+  ruler_result = json.loads((out / 'ruler.json').read_text())
+  assert set(ruler_result['by_context']['520']['per_task']) == {'niah_single_1'}
+
+
+def _longbench_file(path, task, records):
+  path.mkdir(exist_ok=True)
+  (path / f'{task}.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+
+
+def test_longbench_from_local_files(tiny_run, tmp_path):
+  lb = tmp_path / 'longbench'
+  _longbench_file(lb, 'passage_count', [{'input': '', 'context': 'Paragraph 1: a b c. Paragraph 2: d e.',
+                                         'answers': ['2'], 'length': 9, 'all_classes': None, '_id': 'x'}])
+  _longbench_file(lb, 'trec', [{'input': 'What is the capital of France?', 'context': 'Question: Who? Type: Human',
+                                'answers': ['Location'], 'length': 12, 'all_classes': ['Location', 'Human'],
+                                '_id': 'y'}])
+  out = tmp_path / 'eval'
+  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'longbench:passage_count+trec', '--context-lengths', '512',
+                   '--longbench-dir', str(lb), '--out', str(out), '--no-progress']) == 0
+  result = json.loads((out / 'longbench.json').read_text())['by_context']['512']
+  from hybrid_jax.eval import longbench
+  for task, answers in (('passage_count', ['2']), ('trec', ['Location'])):
+    r = result['per_task'][task]
+    classes = ['Location', 'Human'] if task == 'trec' else None
+    assert r['score'] == longbench.score_task(task, r['predictions'], [answers], classes)
+  assert result['plain_mean'] == pytest.approx((result['per_task']['passage_count']['score'] +
+                                                result['per_task']['trec']['score']) / 2, abs=0.01)
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--tasks', 'ppl', '--context-lengths', '100000'], 'exceed --max-context=512'),
+    (['--tasks', 'longbench'], '--longbench-dir'),
+    (['--tasks', 'longbench:qasper', '--longbench-dir', '/nonexistent'], 'missing LongBench file'),
+    (['--tasks', 'longbench:nope', '--longbench-dir', '/tmp'], "unknown LongBench task 'nope'"),
+    (['--tasks', 'ruler:qa_1'], '--squad=PATH'),
+    (['--tasks', 'ruler:vt', '--context-lengths', '64'], 'too small'),
+    (['--tasks', 'longppl'], '--longppl-data'),
+    (['--tasks', 'ppl:x'], 'takes no sub-tasks'),
+    (['--tasks', 'ppl', '--step', '5'], 'no checkpoint at step 5'),
+    (['--tasks', 'lm_eval'], 'lm_eval:task+task'),
+])
+def test_clear_errors(tiny_run, tmp_path, capsys, argv, message):
+  assert cli.main(['--workdir', str(tiny_run), '--out', str(tmp_path), '--no-progress'] + argv) == 2
+  assert message in capsys.readouterr().err
+
+
+def test_longppl_documents_without_spans_need_an_evaluator(tiny_run, tmp_path, capsys):
+  data = tmp_path / 'docs.jsonl'
+  data.write_text(json.dumps({'text': 'no spans here'}) + '\n')
+  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'longppl', '--longppl-data', str(data),
+                   '--out', str(tmp_path), '--no-progress']) == 2
+  assert '--longppl-evaluator' in capsys.readouterr().err
+
+
+def test_bad_flag_values_exit_with_usage(tiny_run):
+  with pytest.raises(SystemExit) as e:
+    cli.main(['--workdir', str(tiny_run), '--context-lengths', '4k'])
+  assert e.value.code == 2
