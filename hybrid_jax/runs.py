@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
-from hybrid_jax.train import optim, state as state_lib
+from hybrid_jax.train import state as state_lib
 
 
 class RunError(ValueError):
@@ -85,14 +85,29 @@ def checkpoint_steps(workdir) -> list[int]:
   return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def _restore_params(directory: pathlib.Path, step: int, abstract_state: dict) -> dict:
-  """Parameters of checkpoint `step` (the train state's 'params'), placed on the first local device."""
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract_state)
-  with ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False,
-                                                                                        read_only=True)) as mgr:
-    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-  return restored.state['params']
+def restore_params(workdir, step: int, target) -> dict:
+  """Only the parameters of checkpoint `step` (no optimizer state is read), laid out as `target` says.
+
+  `target`: the params tree of ShapeDtypeStructs with shardings (e.g. a mesh's parameter shardings, or one
+  device); a checkpoint written on any mesh is read straight into that layout.
+  """
+  directory = (pathlib.Path(workdir) / 'checkpoints').absolute()
+  restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), target)
+  args = ocp.args.PyTreeRestore({'params': target}, restore_args={'params': restore_args}, partial_restore=True)
+  options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+  try:
+    with ocp.CheckpointManager(directory, options=options) as manager:
+      return manager.restore(step, args=ocp.args.Composite(state=args)).state['params']
+  except Exception as e:  # Orbax raises many types for missing, partial or mismatched files.
+    raise RunError(f'the parameters of checkpoint {step} in {directory} cannot be restored for this model: '
+                   f'{type(e).__name__}: {e}') from e
+
+
+def abstract_params(model_cfg, sharding=None) -> dict:
+  """Shapes and dtypes of a model's params (one `sharding` for all, default: the first local device)."""
+  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  shapes = jax.eval_shape(lambda: state_lib.init_params(model_cfg, 0))
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), shapes)
 
 
 def load_run(workdir, step: int | None = None, *, model_overrides: dict | None = None) -> Run:
@@ -117,10 +132,5 @@ def load_run(workdir, step: int | None = None, *, model_overrides: dict | None =
     step = steps[-1]
   elif step not in steps:
     raise RunError(f'{workdir} has no checkpoint at step {step}; saved steps: {steps}')
-  abstract = state_lib.abstract_initial_state(config.model, config.seed, optim.make_optimizer(config.train))
-  try:
-    params = _restore_params(workdir / 'checkpoints', step, abstract)
-  except Exception as e:  # Orbax raises many types for missing, partial or mismatched files.
-    raise RunError(f'the checkpoint at step {step} of {workdir} cannot be restored for its config: '
-                   f'{type(e).__name__}: {e}') from e
+  params = restore_params(workdir, step, abstract_params(config.model))
   return Run(workdir, config, step, state_lib.make_model_def(config.model), params)

@@ -39,7 +39,7 @@ def test_load_run_overrides_and_errors(tiny_run, tmp_path):
   (tmp_path / 'config.json').write_text(json.dumps(json.loads((tiny_run / 'config.json').read_text())))
   with pytest.raises(runs.RunError, match='no checkpoints'):
     runs.load_run(tmp_path)
-  with pytest.raises(runs.RunError, match='cannot be restored'):
+  with pytest.raises(runs.RunError, match='cannot be restored for this model'):
     runs.load_run(tiny_run, model_overrides={'d_model': 48})
 
 

@@ -32,13 +32,14 @@ def make_model_def(model_cfg) -> ModelDef:
   return ModelDef(graphdef, state)
 
 
-def _init_params(model_cfg, seed):
+def init_params(model_cfg, seed):
+  """Freshly initialised params (a pure dict); call under jit or eval_shape."""
   return nnx.to_pure_dict(nnx.split(HybridLM(model_cfg, rngs=nnx.Rngs(params=seed)))[1])
 
 
 def init_model(model_cfg, seed: int, shardings=None):
   """(ModelDef, params) with params initialised from `seed`, created directly with `shardings` when given."""
-  params = jax.jit(lambda: _init_params(model_cfg, seed), out_shardings=shardings)()
+  params = jax.jit(lambda: init_params(model_cfg, seed), out_shardings=shardings)()
   return make_model_def(model_cfg), params
 
 
@@ -48,12 +49,12 @@ def init_train_state(params, tx) -> dict:
 
 def init_sharded_train_state(model_cfg, seed: int, tx, shardings: dict) -> dict:
   """The initial train state, each array created on its devices (no full copy on one device first)."""
-  return jax.jit(lambda: init_train_state(_init_params(model_cfg, seed), tx), out_shardings=shardings)()
+  return jax.jit(lambda: init_train_state(init_params(model_cfg, seed), tx), out_shardings=shardings)()
 
 
 def abstract_initial_state(model_cfg, seed: int, tx) -> dict:
   """Shapes and dtypes of the initial train state, computed without allocating it."""
-  return jax.eval_shape(lambda: init_train_state(_init_params(model_cfg, seed), tx))
+  return jax.eval_shape(lambda: init_train_state(init_params(model_cfg, seed), tx))
 
 
 def abstract_train_state(state, shardings=None) -> dict:
