@@ -105,6 +105,18 @@ def get_config(arg=None):
   t.keep_checkpoints = 3  # Checkpoints kept on disk.
   t.async_checkpointing = True  # Write checkpoints in the background.
   t.progress = True  # Progress line with tokens/s and ETA.
+  # Start a fresh run from the parameters of another run's newest checkpoint (e.g. context extension); the
+  # optimizer starts fresh. '' = random init. Ignored once this run has its own checkpoints (resume wins).
+  t.init_from = ''
+  # During-training retrieval probe (hybrid_jax.analysis.callbacks): every N steps, log NIAH accuracy at needle
+  # depths 0.1/0.5/0.9 and the top retrieval-head score of the full-attention layers as probe/* metrics. 0 = off.
+  t.retrieval_probe_every = 0
+  t.retrieval_probe_samples = 4  # Needle prompts per depth.
+  t.retrieval_probe_length = 0  # Prompt length in tokens; 0 = data.seq_len.
+  # Peak bf16 TFLOP/s of one device, for the logged MFU (model FLOPs from hybrid_jax.models.flops / this peak).
+  # 0 = look it up by device kind (hybrid_jax.train.metrics.PEAK_BF16_TFLOPS); with no entry (CPU) only model
+  # TFLOP/s per device is logged.
+  t.peak_tflops = 0.0
 
   # ------------------------------------------------------------------------------------------------ eval
   e = c.eval = ml_collections.ConfigDict()

@@ -1,8 +1,19 @@
-"""The study's grid: `configs/hybrid.py:arch=swa128_nope,scale=s1` builds one run.
+"""The study's grid: `configs/hybrid.py:arch=swa128_nope,scale=s1[,budget=200]` builds one run.
 
 Arches and scales are tables (data), not code paths; `hybrid_jax.config.validate` rejects unknown names with the
-list of known ones.
+list of known ones. Optional arguments size the run:
+
+- `budget=M`: train on M x N tokens (N = non-embedding parameters), the study's S1-S4 budgets (100 ... 1000).
+- `tokens=T`: train on T tokens (e.g. `tokens=100e9` for S5).
+- `stage=extend32k,init_from=RUN_DIR[,rope_base=B]`: the context-extension stage: continue from a 16K run's
+  newest checkpoint at 32,768 tokens for 5B tokens (or `tokens=`); `rope_base` changes the RoPE base of the
+  RoPE layers (NoPE layers have none to change).
+
+Steps = ceil(tokens / (batch_size x seq_len)); warmup is 2% of the steps (at most 1000), checkpoints and evals
+every tenth of the run.
 """
+
+import math
 
 import pathlib
 
@@ -77,24 +88,58 @@ _STUDY = dict(
 )
 
 
+# Training stages after pretraining: name -> (data/train fields, default token budget).
+STAGES = {
+    'extend32k': (dict(data=dict(seq_len=32_768), train=dict(lr=3e-4)), 5e9),
+}
+
+_ARGS = ('arch', 'scale', 'budget', 'tokens', 'stage', 'init_from', 'rope_base')
+
+
 def _parse(arg):
   fields = {'arch': 'swa128_nope', 'scale': 'tiny'}
   for item in filter(None, (arg or '').split(',')):
     key, sep, value = item.partition('=')
-    if not sep or key not in fields:
-      raise ConfigError(f'configs/hybrid.py: bad argument {item!r}; expected arch=NAME,scale=NAME '
-                        f'(arches: {", ".join(ARCHES)}; scales: {", ".join(SCALES)})')
+    if not sep or key not in _ARGS:
+      raise ConfigError(f'configs/hybrid.py: bad argument {item!r}; expected arch=NAME,scale=NAME with optional '
+                        f'budget=M | tokens=T, stage=NAME, init_from=DIR, rope_base=B (arches: {", ".join(ARCHES)}; '
+                        f'scales: {", ".join(SCALES)}; stages: {", ".join(STAGES)})')
     fields[key] = value
-  arch, scale = fields['arch'], fields['scale']
-  if arch not in ARCHES:
-    raise ConfigError(f'model.arch={arch!r} is unknown; allowed: {", ".join(ARCHES)}')
-  if scale not in SCALES:
-    raise ConfigError(f'model.scale={scale!r} is unknown; allowed: {", ".join(SCALES)}')
-  return arch, scale
+  if fields['arch'] not in ARCHES:
+    raise ConfigError(f'model.arch={fields["arch"]!r} is unknown; allowed: {", ".join(ARCHES)}')
+  if fields['scale'] not in SCALES:
+    raise ConfigError(f'model.scale={fields["scale"]!r} is unknown; allowed: {", ".join(SCALES)}')
+  if 'stage' in fields and fields['stage'] not in STAGES:
+    raise ConfigError(f'stage={fields["stage"]!r} is unknown; allowed: {", ".join(STAGES)}')
+  if 'budget' in fields and 'tokens' in fields:
+    raise ConfigError('configs/hybrid.py: give budget=M (x N tokens) or tokens=T, not both')
+  if ('init_from' in fields or 'rope_base' in fields) and 'stage' not in fields:
+    raise ConfigError('configs/hybrid.py: init_from / rope_base belong to a stage (e.g. stage=extend32k)')
+  if 'stage' in fields and 'init_from' not in fields:
+    raise ConfigError(f'stage={fields["stage"]} continues a pretrained run: add init_from=RUN_DIR')
+  for key in ('budget', 'tokens', 'rope_base'):
+    if key in fields:
+      try:
+        fields[key] = float(fields[key])
+      except ValueError:
+        raise ConfigError(f'configs/hybrid.py: {key}={fields[key]!r} is not a number') from None
+      if not fields[key] > 0:
+        raise ConfigError(f'configs/hybrid.py: {key}={fields[key]!r} must be positive')
+  return fields
+
+
+def _size_run(c, tokens: float):
+  """Steps for a token budget; warmup, checkpoints and evals scaled to the run's length."""
+  steps = max(1, math.ceil(tokens / (c.train.batch_size * c.data.seq_len)))
+  c.train.steps = steps
+  c.train.warmup_steps = max(1, min(1000, round(0.02 * steps)))
+  every = max(1, steps // 10)
+  c.train.checkpoint_every, c.train.eval_every = every, every
 
 
 def get_config(arg=None):
-  arch, scale = _parse(arg)
+  fields = _parse(arg)
+  arch, scale = fields['arch'], fields['scale']
   c = load_config_file(str(_BASE))
   c.name = f'{arch}_{scale}'
   c.model.arch = arch
@@ -105,6 +150,24 @@ def get_config(arg=None):
       c[section].update(values)
   for mixer, shape in MIXER_SHAPES[scale].items():
     c.model[mixer].update(shape)
+  tokens = fields.get('tokens')
+  if 'budget' in fields:
+    from hybrid_jax.models.counting import param_counts  # pylint: disable=g-import-not-at-top
+    tokens = fields['budget'] * param_counts(c.model)['non_embedding']
+    c.name += f'_{fields["budget"]:g}n'
+  if 'stage' in fields:
+    overrides, default_tokens = STAGES[fields['stage']]
+    for section, values in overrides.items():
+      c[section].update(values)
+    c.train.init_from = fields['init_from']
+    if 'rope_base' in fields:
+      c.model.rope_base = fields['rope_base']
+    tokens = tokens or default_tokens
+    c.name += f'_{fields["stage"]}'
+  if tokens is not None:
+    _size_run(c, tokens)
+    if 'budget' not in fields:
+      c.name += f'_{tokens:.3g}tok'
   return c
 
 

@@ -132,7 +132,10 @@ COMMANDS = {'train': cmd_train, 'params': cmd_params, 'shardings': cmd_shardings
             'compile-check': cmd_compile_check}
 # Commands with their own argument parsing (no --config): name -> 'module:function(argv)'.
 RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data.tfds_local:main',
-                'fit': 'hybrid_jax.analysis.scaling_law:main', 'eval': 'hybrid_jax.eval.cli:main'}
+                'fit': 'hybrid_jax.analysis.scaling_law:main', 'eval': 'hybrid_jax.eval.cli:main',
+                'analyze': 'hybrid_jax.analysis.cli:main',
+                'plan': 'hybrid_jax.study.plan:main', 'collect': 'hybrid_jax.study.collect:main',
+                'study': 'hybrid_jax.study.mini:main'}
 
 
 def _usage() -> str:

@@ -173,8 +173,15 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in ('train.b1', 'train.b2'):
     if not 0 <= _get(c, key) < 1:
       _fail(key, _get(c, key), 'must be in [0, 1)')
-  for key in ('train.weight_decay', 'train.grad_clip', 'train.z_loss', 'train.eval_every', 'train.eps'):
+  for key in ('train.weight_decay', 'train.grad_clip', 'train.z_loss', 'train.eval_every', 'train.eps',
+              'train.peak_tflops'):
     _nonneg_number(c, key)
+  for key in ('train.retrieval_probe_every', 'train.retrieval_probe_length'):
+    if isinstance(_get(c, key), bool) or not isinstance(_get(c, key), int) or _get(c, key) < 0:
+      _fail(key, _get(c, key), 'must be an integer >= 0 (0 = off / data.seq_len)')
+  _positive_int(c, 'train.retrieval_probe_samples')
+  if not isinstance(_get(c, 'train.init_from'), str):
+    _fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")
   if c.eval.position_buckets > c.data.seq_len:
     _fail('eval.position_buckets', c.eval.position_buckets, f'must be <= data.seq_len={c.data.seq_len}')
   _validate_parallel(c)

@@ -72,6 +72,16 @@ def test_greedy_generation_matches_argmax_of_the_forward_pass():
     assert list(np.asarray(jnp.argmax(logits[0, len(prompt) - 1:-1], axis=-1))) == out
 
 
+def test_length_buckets_give_the_same_tokens():
+  """Prefill up to a bucket boundary plus one-token steps for the rest gives what one whole prefill gives."""
+  cfg = small_config('gdn').model
+  model_def, params = state_lib.init_model(cfg, 1)
+  prompts = [list(range(1, 12)), list(range(20, 39)), [7] * 8]
+  whole = Generator(model_def, params, bucket=1024).generate(prompts, max_new_tokens=5)
+  for bucket in (4, 8):
+    assert Generator(model_def, params, bucket=bucket).generate(prompts, max_new_tokens=5) == whole
+
+
 def test_generation_stops_at_eos_and_at_stop_strings():
   cfg = small_config('swa128', window=5).model
   model_def, params = state_lib.init_model(cfg, 0)

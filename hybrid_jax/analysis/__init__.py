@@ -1,1 +1,2 @@
-"""Analyses of trained models and of sweeps (scaling laws; mechanistic probes arrive later)."""
+"""Analyses of trained models and of sweeps: scaling laws, and the mechanistic tools of `python -m hybrid_jax analyze`
+(retrieval heads, tracing, receptive-field restriction, probing, gradient influence; see analysis/cli.py)."""

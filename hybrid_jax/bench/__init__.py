@@ -6,7 +6,7 @@ Benchmarks are programs, never timed tests: timings depend on the machine and ar
 import importlib
 
 BENCHMARKS = {'attention': 'hybrid_jax.bench.attention', 'scan': 'hybrid_jax.bench.scan',
-              'decode': 'hybrid_jax.bench.decode'}
+              'decode': 'hybrid_jax.bench.decode', 'step': 'hybrid_jax.bench.step'}
 
 
 def main(argv) -> int:

@@ -2,6 +2,10 @@
 
 Prompts of equal length share a batch (no padding, so positions and caches stay exact); stop at EOS, at a stop
 string, or at max_new_tokens.
+
+Compilations are bounded by length buckets: a prompt of T tokens is prefilled in parallel up to the largest
+multiple of `bucket` below T, and its last T mod bucket tokens go through the one-token step; decode states are
+sized to a multiple of `bucket`. Prompts of many lengths (RULER, LongBench) then share a few compiled programs.
 """
 
 import collections
@@ -14,8 +18,10 @@ import numpy as np
 class Generator:
   """Greedy generation for one model; the jitted prefill/step functions are reused across calls."""
 
-  def __init__(self, model_def, params, *, eos_id=None):
-    self.model_def, self.params, self.eos_id = model_def, params, eos_id
+  def __init__(self, model_def, params, *, eos_id=None, bucket: int = 64):
+    if bucket <= 0:
+      raise ValueError(f'bucket={bucket} must be positive')
+    self.model_def, self.params, self.eos_id, self.bucket = model_def, params, eos_id, bucket
     self._prefill = jax.jit(lambda p, tokens, state: model_def.bind(p).prefill(tokens, state))
     self._step = jax.jit(lambda p, token, position, state: model_def.bind(p).step(token, position, state),
                          donate_argnums=3)
@@ -49,9 +55,13 @@ class Generator:
     outs = [[] for _ in range(b)]
     if max_new_tokens == 0:
       return outs
-    state = self._init_state(b, t + max_new_tokens)
-    logits, state = self._prefill(self.params, jnp.asarray(tokens), state)
-    token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+    state = self._init_state(b, -(-(t + max_new_tokens) // self.bucket) * self.bucket)
+    parallel = (t // self.bucket) * self.bucket or t  # Short prompts (< bucket) are prefilled whole.
+    logits, state = self._prefill(self.params, jnp.asarray(tokens[:, :parallel]), state)
+    logits = logits[:, -1]
+    for position in range(parallel, t):
+      logits, state = self._step(self.params, jnp.asarray(tokens[:, position]), jnp.int32(position), state)
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     done = np.zeros(b, bool)
     for step in range(max_new_tokens):
       ids = np.asarray(token)

@@ -19,11 +19,13 @@ import jax
 import numpy as np
 import tqdm
 
+from hybrid_jax.analysis import callbacks
 from hybrid_jax.config import ConfigError, validate
 from hybrid_jax.data.pipeline import make_eval_batches, make_train_dataset
 from hybrid_jax.data.tokenizers import get_tokenizer
 from hybrid_jax.eval.perplexity import evaluate
 from hybrid_jax.models.counting import param_counts
+from hybrid_jax.models.flops import training_flops_per_token
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import checkpoint, metrics, optim, report, state as state_lib, step as step_lib
 
@@ -81,6 +83,21 @@ def _check_vocab(config):
                       f'{config.data.tokenizer!r} has {tokenizer.vocab_size} tokens; use at least that many')
 
 
+def _params_of_run(run_dir, params):
+  """The newest checkpoint's parameters of another run, in the layout of `params` (e.g. for context extension)."""
+  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  steps = runs.checkpoint_steps(run_dir)
+  if not steps:
+    raise ConfigError(f'config.train.init_from={run_dir!r} is invalid: no checkpoints under {run_dir}/checkpoints')
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params)
+  try:
+    restored = runs.restore_params(run_dir, steps[-1], target)
+  except runs.RunError as e:
+    raise ConfigError(f'config.train.init_from={run_dir!r} is invalid: {e}') from e
+  logging.info('initialised the parameters from step %d of %s', steps[-1], run_dir)
+  return restored
+
+
 def train(config, workdir) -> dict:
   """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json)."""
   validate(config)
@@ -94,6 +111,8 @@ def train(config, workdir) -> dict:
     (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
   t = config.train
   tokens_per_step = t.batch_size * config.data.seq_len
+  flops_per_step = training_flops_per_token(config.model, config.data.seq_len) * tokens_per_step  # Model FLOPs.
+  peak = metrics.peak_tflops(jax.devices()[0].device_kind, t.peak_tflops)  # None (no MFU) when unknown, e.g. CPU.
 
   mesh = mesh_lib.make_mesh(config.parallel)
   model_def = state_lib.make_model_def(config.model)
@@ -110,8 +129,11 @@ def train(config, workdir) -> dict:
     logging.info('resumed from the checkpoint at step %d in %s', start, ckpt.directory)
   else:
     state = state_lib.init_sharded_train_state(config.model, config.seed, tx, shardings.state)
+    if t.init_from:
+      state['params'] = _params_of_run(t.init_from, state['params'])
   train_step = step_lib.make_train_step(model_def, tx, t, shardings)
   eval_step = step_lib.make_eval_step(model_def, shardings)
+  probe = callbacks.make_retrieval_probe(config, model_def, mesh)  # None unless train.retrieval_probe_every > 0.
 
   def global_eval_batches(n):
     return [distributed.replicated_batch(b, shardings.batch) for b in make_eval_batches(config, n)]
@@ -149,10 +171,13 @@ def train(config, workdir) -> dict:
           dt = statistics.median(step_times[-t.log_every:])
           logged = {k: float(v) for k, v in m.items()}
           logged.update(lr=float(schedule(step - 1)), step_time_s=dt, tokens_per_s=tokens_per_step / dt)
+          logged.update(metrics.throughput(flops_per_step, dt, jax.device_count(), peak))
           writer.write(step, logged, prefix='train')
           bar.set_postfix(loss=f'{loss:.3f}', tok_s=f'{tokens_per_step / dt:,.0f}')
         if t.eval_every and step % t.eval_every == 0 and step != t.steps:
           run_eval(step, eval_batches)
+        if probe is not None and step % t.retrieval_probe_every == 0:
+          writer.write(step, probe(state['params']), prefix='probe')
         stop['requested'] = _stop_requested(stop, step)
         if step % t.checkpoint_every == 0 or step == t.steps or stop['requested']:
           ckpt.save(step, state, data_iter)
@@ -189,6 +214,8 @@ def train(config, workdir) -> dict:
       'step_time_s_median': statistics.median(steady) if steady else None,
       'first_step_time_s': step_times[0] if step_times else None,
       'tokens_per_s': tokens_per_step / statistics.median(steady) if steady else None,
+      'training_flops_per_token': flops_per_step / tokens_per_step,
+      **(metrics.throughput(flops_per_step, statistics.median(steady), jax.device_count(), peak) if steady else {}),
       'final_train_loss': float(m['loss']) if step_times else None,
       'eval': final,
   }

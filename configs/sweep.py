@@ -1,0 +1,51 @@
+"""The study's sweeps as data: each sweep is a list of run config strings for `configs/hybrid.py`.
+
+`python -m hybrid_jax plan --sweep configs/sweep.py:main` prints their cost; each string is one `--config` of
+`python -m hybrid_jax train`. The run's name (and so its workdir) follows from the string.
+
+Sweeps:
+- `main`: the seven parameter-matched arches x S1-S4 x budgets {100, 200, 300, 400, 500, 1000} x N, at 16K.
+- `s5`: the seven arches at S5 on ~100B tokens.
+- `variants`: the three design variants (SWA-128-NoPE, 1:3 ratio, head-wise mixing) on the `main` grid.
+- `extension`: the 32K context-extension stage of each S5 run (init_from its 16K run directory).
+- `study`: all of the above.
+"""
+
+ARCHES = ('full', 'swa128', 'swa512', 'swa2048', 'lightning', 'mamba2', 'gdn')
+VARIANTS = ('swa128_nope', 'swa128_1to3', 'swa128_headwise')
+SCALES = ('s1', 's2', 's3', 's4')
+BUDGETS = (100, 200, 300, 400, 500, 1000)  # Multiples of the non-embedding parameter count N.
+S5_TOKENS = 100e9
+RUNS_ROOT = 'runs'  # Where `train --workdir` puts each run by default (runs/<config name>).
+CONFIG = 'configs/hybrid.py'
+
+
+def _grid(arches):
+  return [f'{CONFIG}:arch={a},scale={s},budget={b}' for a in arches for s in SCALES for b in BUDGETS]
+
+
+def _s5(arches):
+  return [f'{CONFIG}:arch={a},scale=s5,tokens={S5_TOKENS:g}' for a in arches]
+
+
+def _extension(arches):
+  # The S5 runs' names are `<arch>_s5_1e+11tok` (configs/hybrid.py names runs from their arguments).
+  return [f'{CONFIG}:arch={a},scale=s5,stage=extend32k,init_from={RUNS_ROOT}/{a}_s5_{S5_TOKENS:.3g}tok'
+          for a in arches]
+
+
+SWEEPS = {
+    'main': lambda: _grid(ARCHES),
+    's5': lambda: _s5(ARCHES + ('swa128_nope',)),
+    'variants': lambda: _grid(VARIANTS),
+    'extension': lambda: _extension(ARCHES + ('swa128_nope',)),
+}
+SWEEPS['study'] = lambda: [r for name in ('main', 'variants', 's5', 'extension') for r in SWEEPS[name]()]
+
+
+def runs(name: str | None = None) -> list[str]:
+  """The config strings of sweep `name` (default: the whole study)."""
+  name = name or 'study'
+  if name not in SWEEPS:
+    raise ValueError(f'unknown sweep {name!r}: choose from {", ".join(SWEEPS)}')
+  return SWEEPS[name]()

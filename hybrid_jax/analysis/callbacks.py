@@ -1,0 +1,64 @@
+"""The during-training retrieval probe: watch retrieval heads form while the model trains.
+
+The study traced saved checkpoints afterwards; this probe logs, every `train.retrieval_probe_every` steps, to the
+run's metrics (prefix 'probe'):
+- niah_accuracy and niah_accuracy_depth_<d> for needle depths 0.1, 0.5 and 0.9 (teacher-forced greedy match of
+  the answer, see needle_probe.py) on fixed prompts of the study's generator;
+- retrieval_top_score (with retrieval_top_layer / retrieval_top_head): the best attention-mass retrieval score
+  among the heads of the full-attention layers (absent when the model has none);
+- seconds: the probe's own wall time, so its cost shows next to train/step_time_s.
+
+The prompts are built once, with a 7-digit value per prompt, seeded by config.seed; one jitted forward pass over
+all of them (len(DEPTHS) * train.retrieval_probe_samples sequences) is the whole cost of a probe.
+"""
+
+import time
+
+import numpy as np
+
+from hybrid_jax.analysis import needle_probe, needles
+from hybrid_jax.config import ConfigError
+from hybrid_jax.data.tokenizers import get_tokenizer
+
+DEPTHS = (0.1, 0.5, 0.9)
+
+
+class RetrievalProbe:
+  """Callable on the train state's params -> a dict of scalar metrics."""
+
+  def __init__(self, config, model_def, mesh=None):
+    t = config.train
+    self.length = int(t.retrieval_probe_length or config.data.seq_len)
+    tokenizer = get_tokenizer(config.data.tokenizer)
+    try:
+      samples = needles.study_samples(len(DEPTHS) * int(t.retrieval_probe_samples), length=self.length,
+                                      tokenizer=tokenizer, seed=int(config.seed), values=None, depths=DEPTHS)
+    except needles.NeedleError as e:
+      raise ConfigError(f'config.train.retrieval_probe_length={t.retrieval_probe_length} (0 = data.seq_len) is '
+                        f'invalid for the retrieval probe: {e}') from None
+    self.depths = np.asarray([s['depth'] for s in samples])
+    self.batch = needles.batch([needles.encode(s, tokenizer) for s in samples], pad_id=tokenizer.eos_id)
+    self.probe = needle_probe.NeedleProbe(model_def, config.model, mesh=mesh)
+    self.full_rows = [i for i, layer in enumerate(self.probe.layers) if layer.role == 'full']
+
+  def __call__(self, params) -> dict:
+    tic = time.perf_counter()
+    stats = self.probe(params, self.batch)
+    correct = stats['correct'].astype(float)
+    metrics = {'niah_accuracy': float(correct.mean())}
+    for depth in DEPTHS:
+      metrics[f'niah_accuracy_depth_{depth:g}'] = float(correct[np.isclose(self.depths, depth)].mean())
+    if self.full_rows:
+      mass = stats['mass'].mean(axis=0)[self.full_rows]  # [full layers, heads]
+      row, head = np.unravel_index(int(np.argmax(mass)), mass.shape)
+      metrics.update(retrieval_top_score=float(mass[row, head]),
+                     retrieval_top_layer=self.probe.layers[self.full_rows[row]].index, retrieval_top_head=int(head))
+    metrics['seconds'] = time.perf_counter() - tic
+    return metrics
+
+
+def make_retrieval_probe(config, model_def, mesh=None):
+  """The probe when config.train.retrieval_probe_every > 0, else None (the training loop's hook)."""
+  if not config.train.retrieval_probe_every:
+    return None
+  return RetrievalProbe(config, model_def, mesh)

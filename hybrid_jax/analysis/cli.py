@@ -1,0 +1,145 @@
+"""`python -m hybrid_jax analyze <tool> --workdir RUN [options]`: the mechanistic analyses of a trained run.
+
+Tools: retrieval-heads, tracing, tracing-overlay, restriction, probing, gradient-influence. Each writes JSON and a
+PNG into `<workdir>/analysis/` (or --out) and prints the JSON path and a one-line summary.
+"""
+
+import argparse
+import sys
+
+TOOLS = ('retrieval-heads', 'tracing', 'tracing-overlay', 'restriction', 'probing', 'gradient-influence')
+
+
+def _ints(text):
+  try:
+    return [int(x) for x in text.split(',') if x.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected comma-separated integers, got {text!r}') from None
+
+
+def _floats(text):
+  try:
+    return [float(x) for x in text.split(',') if x.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected comma-separated numbers, got {text!r}') from None
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog='python -m hybrid_jax analyze', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest='tool', metavar='TOOL', required=True)
+
+  def tool(name, help_text, workdir=True):
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    if workdir:
+      p.add_argument('--workdir', required=True, help='run directory (config.json + checkpoints/)')
+      p.add_argument('--step', type=int, default=None, help='checkpoint step (default: the newest)')
+    p.add_argument('--out', default=None, help='output folder (default: <workdir>/analysis)')
+    p.add_argument('--seed', type=int, default=42)
+    p.add_argument('--batch-size', type=int, default=8)
+    p.add_argument('--no-progress', action='store_true')
+    return p
+
+  def needle_args(p, default_source):
+    p.add_argument('--source', default=default_source,
+                   help='needle prompts: study, study-essay or niah_single_1/2/3 (RULER)')
+    p.add_argument('--samples', type=int, default=20, help='needle prompts')
+    p.add_argument('--length', type=int, default=None, help='prompt length in tokens (default: data.seq_len)')
+
+  p = tool('retrieval-heads', 'Score every attention head as a retrieval head (two definitions); heat map.')
+  needle_args(p, 'niah_single_1')
+  p.add_argument('--top-k', type=int, default=4)
+
+  p = tool('tracing', 'Entropy and Q/K weight distance of retrieval heads over all saved checkpoints.')
+  needle_args(p, 'study')
+  p.add_argument('--heads', default='', help='LAYER:HEAD,... (default: top-k of the final checkpoint)')
+  p.add_argument('--top-k', type=int, default=4)
+  p.add_argument('--reference-step', type=int, default=None, help='weights compared against (default: final)')
+
+  p = tool('tracing-overlay', 'Overlay the traces of several runs on one plot.', workdir=False)
+  p.add_argument('--runs', nargs='+', required=True, help='run directories or tracing.json files')
+  p.add_argument('--labels', nargs='*', default=None)
+
+  p = tool('restriction', 'Metrics with full-attention or efficient layers restricted to a window W (+ S sinks).')
+  p.add_argument('--windows', type=_ints, required=True, help='comma-separated windows W, e.g. 512,2048')
+  p.add_argument('--sinks', type=int, default=0, help='leading sink tokens kept visible')
+  p.add_argument('--targets', default='full,efficient', help='layers to restrict: full, efficient or both')
+  p.add_argument('--chunk', type=int, default=None, help='recurrent layers: chunk C of the windowed state '
+                 '(default W // 4; 1 = exact sliding window)')
+  p.add_argument('--metrics', default='loss,niah', help='comma-separated: loss, niah, longppl')
+  p.add_argument('--seq-len', type=int, default=None, help='context for loss and NIAH (default: data.seq_len)')
+  p.add_argument('--batches', type=int, default=2, help='held-out batches for the loss')
+  p.add_argument('--buckets', type=int, default=None, help='loss-by-position buckets (default: eval.position_buckets)')
+  needle_args(p, 'study')
+  p.add_argument('--longppl-texts', default=None, help='JSONL documents for LongPPL')
+  p.add_argument('--longppl-spans', default=None, help='folder of slice_<i>.txt key spans')
+
+  p = tool('probing', 'Per-layer logistic-regression probes for the needle value.')
+  p.add_argument('--samples', type=int, default=400)
+  p.add_argument('--length', type=int, default=None, help='prompt length in tokens (default: data.seq_len)')
+  p.add_argument('--haystack', choices=('repeat', 'essay'), default='repeat')
+
+  p = tool('gradient-influence', 'G(d): mean gradient norm of the output w.r.t. the input d tokens back.')
+  p.add_argument('--context', type=int, default=None, help='tokens per document (default: data.seq_len)')
+  p.add_argument('--samples', type=int, default=16)
+  p.add_argument('--last', type=int, default=20, help='positions averaged in s')
+  return parser
+
+
+def _dispatch(args) -> dict:
+  from hybrid_jax.analysis import gradient_influence, probing, restriction, retrieval_heads, tracing
+  from hybrid_jax.runs import load_run
+  progress = not args.no_progress
+  common = dict(out=args.out, batch_size=args.batch_size)
+  if args.tool == 'tracing-overlay':
+    return tracing.overlay(args.runs, labels=args.labels, out=args.out or '.')
+  if args.tool == 'tracing':
+    return tracing.run(args.workdir, heads=tracing.parse_heads(args.heads) or None,
+                       reference_step=args.reference_step, source=args.source, num_samples=args.samples,
+                       length=args.length, seed=args.seed, top_k=args.top_k, progress=progress, **common)
+  run = load_run(args.workdir, args.step)
+  if args.tool == 'retrieval-heads':
+    return retrieval_heads.run(run, source=args.source, num_samples=args.samples, length=args.length,
+                               seed=args.seed, top_k=args.top_k, progress=progress, **common)
+  if args.tool == 'restriction':
+    targets = [t.strip() for t in args.targets.split(',') if t.strip()]
+    restrictions = [restriction.Restriction(t, w, args.sinks, args.chunk) for t in targets for w in args.windows]
+    return restriction.run(run, restrictions, metrics=[m.strip() for m in args.metrics.split(',') if m.strip()],
+                           seq_len=args.seq_len, batches=args.batches, buckets=args.buckets,
+                           niah_source=args.source, niah_samples=args.samples, niah_length=args.length,
+                           seed=args.seed, longppl_texts=args.longppl_texts, longppl_spans=args.longppl_spans,
+                           progress=progress, **common)
+  if args.tool == 'probing':
+    return probing.run(run, num_samples=args.samples, length=args.length, haystack=args.haystack, seed=args.seed,
+                       progress=progress, **common)
+  return gradient_influence.run(run, context=args.context, num_samples=args.samples, last=args.last,
+                                progress=progress, **common)
+
+
+def _summary(tool, result) -> str:
+  if tool == 'retrieval-heads':
+    top = result['top_heads']['mass'][:1]
+    return f"top head (mass): {top[0] if top else 'none (no attention layers)'}"
+  if tool == 'restriction':
+    return f"{len(result['rows'])} rows; table in {result['json'].replace('.json', '.md')}"
+  if tool == 'probing':
+    return f"best residual probe accuracy {max(result['residual']):.3f} (chance {result['chance']:.3f})"
+  if tool == 'gradient-influence':
+    return f"G(1) = {result['G'][0]:.4g}, G({result['context']}) = {result['G'][-1]:.4g}"
+  if tool == 'tracing':
+    return f"{len(result['steps'])} checkpoints, {len(result['heads'])} heads"
+  return f"{len(result['runs'])} runs"
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+  from hybrid_jax.analysis.needles import NeedleError
+  from hybrid_jax.runs import RunError
+  try:
+    result = _dispatch(args)
+  except (RunError, NeedleError, ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  print(f"{args.tool}: {_summary(args.tool, result)}")
+  print(f"json: {result['json']}\nplot: {result['plot']}")
+  return 0

@@ -1,0 +1,115 @@
+"""A HybridLM forward pass run block by block, so analyses can look inside it without touching the model code.
+
+`forward` computes the same function as `HybridLM.__call__` (a test holds them equal) and can, on the side:
+- return attention probabilities of chosen query positions in every attention layer ([B, Hq, nq, T] each);
+- return the residual stream at chosen positions before the first block and after every block;
+- start from given input embeddings instead of tokens (for gradients with respect to them);
+- restrict the receptive field of the full-attention or of the efficient layers (see `windowed.py`).
+
+Training never runs this path, so its numerics and speed are untouched. A scanned stack is unrolled here (its stacked
+parameters sliced per cycle): compile time grows with depth, which is fine for inference-only analyses.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.analysis import windowed
+from hybrid_jax.models import pattern
+
+ATTENTION_KINDS = ('full', 'swa', 'headwise')
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+  """One layer of a model: its index, spec and its role in the study ('full', 'efficient' or 'headwise')."""
+  index: int
+  spec: pattern.LayerSpec
+
+  @property
+  def kind(self) -> str:
+    return self.spec.kind
+
+  @property
+  def is_attention(self) -> bool:
+    return self.spec.kind in ATTENTION_KINDS
+
+  @property
+  def role(self) -> str:
+    """'full' for full causal attention, 'headwise' for mixed layers, 'efficient' for SWA and recurrent mixers."""
+    if self.spec.kind in ('full', 'headwise'):
+      return self.spec.kind
+    return 'efficient'
+
+
+def layers(model_cfg) -> list[Layer]:
+  return [Layer(i, pattern.layer_spec(model_cfg, i)) for i in range(model_cfg.num_layers)]
+
+
+def blocks(model) -> list:
+  """The model's blocks in layer order; a scanned stack is sliced into per-cycle modules (works inside jit)."""
+  out = []
+  if model.scan_layers:
+    graphdef, stacked = nnx.split(model.cycles)
+    n_cycles = jax.tree.leaves(stacked)[0].shape[0]
+    for c in range(n_cycles):
+      cycle = nnx.merge(graphdef, jax.tree.map(lambda a, c=c: a[c], stacked))
+      out.extend(cycle.blocks)
+  out.extend(model.tail)
+  return out
+
+
+def head_windows(layer: Layer, model_cfg) -> list[int]:
+  """Native window of each query head of an attention layer (0 = full causal)."""
+  h, groups = model_cfg.num_heads, model_cfg.num_heads // model_cfg.num_kv_heads
+  if layer.kind == 'headwise':
+    n_swa = (model_cfg.num_kv_heads - layer.spec.full_kv_heads) * groups
+    return [layer.spec.window] * n_swa + [0] * (h - n_swa)
+  return [layer.spec.window or 0] * h
+
+
+def embed(model, tokens):
+  """Input embeddings [B, T, d] in float32 (the model casts them to its compute dtype itself)."""
+  return jnp.take(model.embed[...], tokens, axis=0).astype(jnp.float32)
+
+
+def _gather(x, index):
+  """x [B, T, ...] at per-row positions index [B, n] -> [B, n, ...]."""
+  return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def forward(model, tokens=None, *, embeddings=None, attention_queries=None, residual_positions=None,
+            logit_positions=None, restriction: 'windowed.Restriction | None' = None) -> dict:
+  """{'logits' [B, T, V], 'attention' {layer: [B, Hq, nq, T]}, 'residuals' [L + 1, B, nr, d]}.
+
+  Give `tokens` [B, T] or `embeddings` [B, T, d]. `logit_positions` [B, n] computes logits only there ([B, n, V]:
+  a long context times a large vocabulary would not fit otherwise). `attention_queries` [B, nq] (int) selects the query positions
+  whose attention rows are returned for every attention layer; `residual_positions` [B, nr] selects where the
+  residual stream is read (entry 0: the embeddings, entry l + 1: after block l). Absent selections are not computed.
+  """
+  if (tokens is None) == (embeddings is None):
+    raise ValueError('forward needs exactly one of tokens or embeddings')
+  x = embed(model, tokens) if embeddings is None else embeddings
+  x = x.astype(model.dtype)
+  t = x.shape[1]
+  positions = jnp.arange(t, dtype=jnp.int32)
+  residuals = [] if residual_positions is None else [_gather(x, residual_positions)]
+  attention = {}
+  for layer, block in zip(layers(model.cfg), blocks(model)):
+    h = block.mixer_norm(x)
+    y, probs = windowed.mix(block.mixer, layer.spec, h, positions, restriction, attention_queries)
+    if probs is not None:
+      attention[layer.index] = probs
+    x = x + y.astype(x.dtype)
+    x = x + block.mlp(block.mlp_norm(x)).astype(x.dtype)
+    if residual_positions is not None:
+      residuals.append(_gather(x, residual_positions))
+  if logit_positions is not None:
+    x = _gather(x, logit_positions)
+  logits = model.final_norm(x) @ model.lm_head[...].astype(model.dtype)
+  out = {'logits': logits, 'attention': attention}
+  if residual_positions is not None:
+    out['residuals'] = jnp.stack(residuals).astype(jnp.float32)
+  return out

@@ -1,0 +1,149 @@
+"""Receptive-field restriction at inference: each layer's mixer with an optional window W and S sink tokens.
+
+Which layers a `Restriction` touches (`target`):
+- 'full': full-attention layers (and the full heads of head-wise layers) see the last W keys plus the first S keys.
+- 'efficient': sliding-window layers keep min(w, W): unchanged when W >= w, otherwise window W plus S sinks (and the
+  windowed heads of head-wise layers alike); recurrent layers (Lightning, Mamba-2, GDN) get a *windowed state*.
+
+Attention uses the kernels' own window and sink support (`hybrid_jax.kernels.attention(window=, sinks=)`, which the
+'reference' and 'xla' paths implement and the automatic choice honours), so no kernel change was needed.
+
+Windowed state of a recurrent layer (our choice; the study leaves it open): the sequence is cut into chunks of C
+tokens (default W // 4). The outputs of chunk [cC, cC + C) come from running the layer from a zero state over the
+W positions ending with the chunk, [cC + C - W, cC + C), preceded by the S sink positions when those lie before.
+So token t sees between W - C + 1 and W recent tokens (exactly W when C = 1), plus the sinks, for about W / C
+times the layer's usual compute. Segments are left-padded with zero inputs where they would start before position 0; a zero
+input leaves a zero state at zero (no biases in the projections), so padding is the same as starting later.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax import kernels
+
+TARGETS = ('full', 'efficient')
+RECURRENT_KINDS = ('lightning', 'mamba2', 'gdn')
+
+
+@dataclasses.dataclass(frozen=True)
+class Restriction:
+  """Limit `target` layers to the last `window` tokens plus `sinks` leading tokens; `chunk`: see the module doc."""
+  target: str
+  window: int
+  sinks: int = 0
+  chunk: int | None = None
+
+  def __post_init__(self):
+    if self.target not in TARGETS:
+      raise ValueError(f'restriction target {self.target!r} is invalid: use one of {", ".join(TARGETS)}')
+    for name, low in (('window', 1), ('sinks', 0)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f'restriction {name}={value!r} is invalid: must be an integer >= {low}')
+    if self.chunk is not None and not (isinstance(self.chunk, int) and 1 <= self.chunk <= self.window):
+      raise ValueError(f'restriction chunk={self.chunk!r} is invalid: must be an integer in [1, window={self.window}]')
+
+  @property
+  def recurrent_chunk(self) -> int:
+    return self.chunk or max(1, self.window // 4)
+
+  def label(self) -> str:
+    return f'{self.target} W={self.window} S={self.sinks}'
+
+
+def _groups(mixer, spec):
+  """(native window or None, kv-head slice) per KV group of an attention layer."""
+  hkv = mixer.wk.shape[-2]
+  if spec.kind == 'headwise':
+    n_swa = hkv - spec.full_kv_heads
+    return [(spec.window, slice(0, n_swa)), (None, slice(n_swa, hkv))]
+  return [(spec.window, slice(0, hkv))]
+
+
+def group_window(window, restriction):
+  """(window, sinks) of one KV group under `restriction`; window None = full causal."""
+  if restriction is None:
+    return window, 0
+  if window is None:
+    return (restriction.window, restriction.sinks) if restriction.target == 'full' else (None, 0)
+  if restriction.target == 'efficient' and restriction.window < window:
+    return restriction.window, restriction.sinks
+  return window, 0
+
+
+def _attention(mixer, spec, h, positions, restriction, queries):
+  groups = _groups(mixer, spec)
+  windows = [group_window(w, restriction) for w, _ in groups]
+  changed = windows != [(w, 0) for w, _ in groups]
+  y = mixer(h, positions) if not changed else None
+  if changed or queries is not None:
+    q, k, v = mixer._qkv(h, positions)  # pylint: disable=protected-access
+  if changed:
+    impl = mixer.implementation
+    outs = []
+    for (window, sinks), (_, kv) in zip(windows, groups):
+      qs = slice(kv.start * mixer.groups, kv.stop * mixer.groups)
+      use = None if impl == 'cudnn' and sinks else impl  # cuDNN has no sinks; the automatic choice does.
+      outs.append(kernels.attention(q[:, :, qs], k[:, :, kv], v[:, :, kv], window=window, sinks=sinks,
+                                    implementation=use))
+    y = mixer._out(jnp.concatenate(outs, axis=2))  # pylint: disable=protected-access
+  probs = None
+  if queries is not None:
+    t = h.shape[1]
+    per_head_w, per_head_s = [], []
+    for (window, sinks), (_, kv) in zip(windows, groups):
+      n = (kv.stop - kv.start) * mixer.groups
+      per_head_w += [t + 1 if window is None else window] * n
+      per_head_s += [sinks] * n
+    probs = query_probs(q, k, queries, per_head_w, per_head_s)
+  return y, probs
+
+
+def query_probs(q, k, query_index, windows, sinks):
+  """Softmax attention probabilities [B, Hq, nq, T] of the queries at `query_index` [B, nq].
+
+  q [B, T, Hq, D] and k [B, T, Hkv, D] as the layer computes them (RoPE applied); `windows` / `sinks` are per query
+  head ([Hq] ints; a window >= T means full causal). The mask is the kernels' one: key j is visible to query i iff
+  j <= i and (j > i - window or j < sinks).
+  """
+  b, t, hq, d = q.shape
+  groups = hq // k.shape[2]
+  qs = jnp.take_along_axis(q, query_index[:, :, None, None], axis=1).astype(jnp.float32)  # [B, nq, Hq, D]
+  ks = jnp.repeat(k, groups, axis=2).astype(jnp.float32)
+  logits = jnp.einsum('bnhd,bthd->bhnt', qs, ks) * d ** -0.5
+  i = query_index[:, None, :, None]
+  j = jnp.arange(t)[None, None, None, :]
+  w = jnp.asarray(windows)[None, :, None, None]
+  s = jnp.asarray(sinks)[None, :, None, None]
+  visible = (j <= i) & ((j > i - w) | (j < s))
+  return jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+
+
+def windowed_recurrent(mixer, h, window: int, sinks: int, chunk: int):
+  """A recurrent layer's output [B, T, d] with the windowed state described in the module doc."""
+  b, t, d = h.shape
+  n = math.ceil(t / chunk)
+  h = jnp.pad(h, ((0, 0), (0, n * chunk - t), (0, 0)))  # Right padding: outputs there are dropped.
+  starts = jnp.arange(n) * chunk + chunk - window  # [n]
+  win = starts[:, None] + jnp.arange(window)[None]  # [n, W]
+  sink = jnp.broadcast_to(jnp.arange(sinks)[None], (n, sinks))
+  index = jnp.concatenate([sink, win], axis=1)  # [n, S + W]
+  valid = jnp.concatenate([sink < starts[:, None], win >= 0], axis=1)
+  order = jnp.argsort(valid, axis=1, stable=True)  # Invalid entries first: zero inputs before any real one.
+  index = jnp.take_along_axis(index, order, axis=1)
+  valid = jnp.take_along_axis(valid, order, axis=1)
+  segments = jnp.where(valid[None, :, :, None], h[:, jnp.clip(index, 0, n * chunk - 1)], 0)  # [B, n, S + W, d]
+  y = mixer(segments.reshape(b * n, sinks + window, d), None)
+  return y.reshape(b, n, sinks + window, d)[:, :, -chunk:].reshape(b, n * chunk, d)[:, :t]
+
+
+def mix(mixer, spec, h, positions, restriction, queries):
+  """(mixer output [B, T, d], attention probabilities of `queries` or None) of one layer under `restriction`."""
+  if spec.kind in ('full', 'swa', 'headwise'):
+    return _attention(mixer, spec, h, positions, restriction, queries)
+  if spec.kind in RECURRENT_KINDS and restriction is not None and restriction.target == 'efficient':
+    return windowed_recurrent(mixer, h, restriction.window, restriction.sinks, restriction.recurrent_chunk), None
+  return mixer(h, positions), None

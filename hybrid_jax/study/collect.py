@@ -1,0 +1,104 @@
+"""Results collection: one table row per run directory (`python -m hybrid_jax collect RUN_DIRS... --out FILE.tsv`).
+
+A row carries the run's arch, scale, N (non-embedding parameters), D (tokens trained) and the study's
+`token_multiplier` (D/N as '200.110938n', the released data's format, so `python -m hybrid_jax fit` reads it),
+then every final metric found: held-out loss (report.json), and from `eval/<task>.json` perplexity, LongPPL,
+RULER (average and NIAH sub-average), NIAH grid average and LongBench, one column per context length. A metric a
+run lacks is an empty cell.
+"""
+
+import argparse
+import csv
+import json
+import pathlib
+import sys
+
+from hybrid_jax import runs as runs_lib
+from hybrid_jax.models.counting import param_counts
+
+FIXED_COLUMNS = ('run', 'arch', 'scale', 'model_size', 'n', 'tokens', 'token_multiplier', 'steps', 'status',
+                 'loss')
+
+# task -> (per-context result key -> column prefix)
+_EVAL_COLUMNS = {
+    'ppl': {'loss': 'ppl_loss'},
+    'longppl': {'longppl': 'longppl', 'ppl': 'longppl_ppl'},
+    'ruler': {'average': 'ruler', 'niah_average': 'ruler_niah'},
+    'longbench': {'plain_mean': 'longbench'},
+}
+
+
+def _read_json(path: pathlib.Path):
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise runs_lib.RunError(f'{path} is not valid JSON: {e}') from e
+
+
+def collect_run(workdir) -> dict:
+  """The row of one run directory (needs config.json and report.json)."""
+  workdir = pathlib.Path(workdir)
+  config = runs_lib.load_config(workdir)
+  report_path = workdir / 'report.json'
+  if not report_path.is_file():
+    raise runs_lib.RunError(f'{workdir} has no report.json (is the run finished? `python -m hybrid_jax train` '
+                            'writes it at the end)')
+  report = _read_json(report_path)
+  n = param_counts(config.model)['non_embedding']
+  tokens = int(report['steps']) * int(report['batch_size']) * int(report['seq_len'])
+  row = {'run': workdir.name, 'arch': config.model.arch, 'scale': config.model.scale, 'n': n,
+         'model_size': config.model.scale.upper(), 'tokens': tokens, 'token_multiplier': f'{tokens / n:.9g}n',
+         'steps': report['steps'], 'status': report.get('status', ''),
+         'loss': (report.get('eval') or {}).get('loss', '')}
+  eval_dir = workdir / 'eval'
+  for task, keys in _EVAL_COLUMNS.items():
+    path = eval_dir / f'{task}.json'
+    if path.is_file():
+      for length, result in _read_json(path)['by_context'].items():
+        for key, prefix in keys.items():
+          if key in result:
+            row[f'{prefix}_{length}'] = result[key]
+  niah_path = eval_dir / 'niah.json'
+  if niah_path.is_file():
+    for length, value in _read_json(niah_path)['by_context'].items():
+      row[f'niah_{length}'] = value
+  return row
+
+
+def _context_sort_key(column: str):
+  prefix, _, length = column.rpartition('_')
+  return (prefix, int(length)) if length.isdigit() else (column, 0)
+
+
+def collect(workdirs) -> list[dict]:
+  if not workdirs:
+    raise runs_lib.RunError('no run directories given')
+  return [collect_run(w) for w in workdirs]
+
+
+def write_table(rows: list[dict], path) -> list[str]:
+  """Writes rows as TSV (fixed columns first, then metric columns sorted by name and context); returns columns."""
+  extra = sorted({k for r in rows for k in r} - set(FIXED_COLUMNS), key=_context_sort_key)
+  columns = list(FIXED_COLUMNS) + extra
+  with open(path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, columns, delimiter='\t', restval='', lineterminator='\n')
+    writer.writeheader()
+    writer.writerows(rows)
+  return columns
+
+
+def main(argv) -> int:
+  """Gather the final metrics of run directories into one TSV table."""
+  parser = argparse.ArgumentParser(prog='python -m hybrid_jax collect', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('workdirs', nargs='+', help='run directories (config.json, report.json, eval/)')
+  parser.add_argument('--out', required=True, help='output TSV path')
+  args = parser.parse_args(argv)
+  try:
+    rows = collect(args.workdirs)
+  except runs_lib.RunError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  columns = write_table(rows, args.out)
+  print(f'{len(rows)} runs, {len(columns)} columns -> {args.out}')
+  return 0

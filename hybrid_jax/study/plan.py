@@ -1,0 +1,203 @@
+"""The study planner: what a sweep costs before anything runs (`python -m hybrid_jax plan`).
+
+  python -m hybrid_jax plan --sweep configs/sweep.py:main --tflops 989 --mfu 0.4 --launch-list runs.txt
+  python -m hybrid_jax plan --runs configs/hybrid.py:arch=gdn,scale=s1 'configs/hybrid.py:arch=full,scale=s2 \
+      --config.train.steps=500'
+
+For every run: tokens = train.steps x train.batch_size x data.seq_len, D/N (tokens per non-embedding parameter,
+the study's budget unit), training FLOPs = tokens x model FLOPs per training token (hybrid_jax.models.flops:
+window- and chunk-aware, LM head included, 3 x forward, no remat), and accelerator-hours =
+FLOPs / (tflops x 1e12 x mfu) / 3600 on one device of the stated peak and utilisation. Evaluation, checkpointing
+and compile time are not included.
+
+A run is one config string: `FILE[:ARG]` optionally followed by `--config.KEY=VALUE` overrides (what `train`
+accepts). A sweep is a Python file whose `runs(name)` returns such strings (`--sweep FILE:NAME`). `--launch-list`
+writes one line per run, the hybrid_jax command that follows `--` in the launchers, e.g.
+  xargs -L1 python launch/gpu.py local --gpus=1 -- < runs.txt
+"""
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import re
+import shlex
+import sys
+
+from hybrid_jax.config import ConfigError, load_config_file, validate
+from hybrid_jax.models.counting import param_counts
+from hybrid_jax.models.flops import training_flops_per_token
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _resolve_file(path: str) -> str:
+  """A config or sweep file as given, else relative to the repository root (so plans run from anywhere)."""
+  if pathlib.Path(path).is_file() or not (ROOT / path).is_file():
+    return path
+  return str(ROOT / path)
+
+
+def sweep_runs(spec: str) -> list[str]:
+  """The run strings of a sweep `FILE[:NAME]`: FILE's `runs(NAME)` (NAME None when absent)."""
+  path, _, name = spec.partition(':')
+  file = pathlib.Path(_resolve_file(path))
+  if not file.is_file():
+    raise ConfigError(f'sweep file {path!r} does not exist')
+  module_spec = importlib.util.spec_from_file_location(f'_hybrid_jax_sweep_{file.stem}', file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, 'runs'):
+    raise ConfigError(f'sweep file {path!r} defines no runs(name) function')
+  runs = list(module.runs(name or None))
+  if not runs or not all(isinstance(r, str) for r in runs):
+    raise ConfigError(f'sweep {spec!r}: runs({name!r}) must return a non-empty list of config strings')
+  return runs
+
+
+def _set(config, key, text):
+  *parents, leaf = key.split('.')
+  node = config
+  for part in parents:
+    if part not in node:
+      raise ConfigError(f'override config.{key}: config.{part} does not exist')
+    node = node[part]
+  if leaf not in node:
+    raise ConfigError(f'override config.{key} does not exist (keys are listed in configs/base.py)')
+  current = node[leaf]
+  try:  # Parse the text as the type the key already has, the way absl's config flags do.
+    if isinstance(current, bool):
+      if text.lower() not in ('true', 'false', '1', '0'):
+        raise ValueError(f'expected true/false, got {text!r}')
+      value = text.lower() in ('true', '1')
+    elif isinstance(current, (int, float)):
+      value = type(current)(float(text) if isinstance(current, float) else int(text))
+    else:
+      value = text
+    node[leaf] = value
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f'override config.{key}={text!r}: {e}') from e
+
+
+def load_run(run: str):
+  """(config spec, overrides, validated config) of one run string."""
+  tokens = shlex.split(run)
+  if not tokens:
+    raise ConfigError('empty run string')
+  spec = tokens[0].removeprefix('--config=')
+  path, sep, arg = spec.partition(':')
+  spec = _resolve_file(path) + sep + arg
+  config = load_config_file(spec)
+  overrides = []
+  for token in tokens[1:]:
+    m = re.fullmatch(r'--config\.([\w.]+)=(.*)', token)
+    if not m:
+      raise ConfigError(f'run {run!r}: {token!r} is not a --config.KEY=VALUE override')
+    _set(config, m.group(1), m.group(2))
+    overrides.append(token)
+  try:
+    return spec, overrides, validate(config)
+  except ConfigError as e:
+    raise ConfigError(f'run {run!r}: {e}') from e
+
+
+def plan_run(run: str, tflops: float, mfu: float) -> dict:
+  """Tokens, steps, FLOPs and accelerator-hours of one run string."""
+  spec, overrides, config = load_run(run)
+  t, seq_len = config.train, config.data.seq_len
+  tokens = t.steps * t.batch_size * seq_len
+  per_token = training_flops_per_token(config.model, seq_len)
+  n = param_counts(config.model)['non_embedding']
+  total = per_token * tokens
+  return {'run': run, 'spec': spec, 'overrides': overrides, 'name': config.name, 'arch': config.model.arch,
+          'scale': config.model.scale, 'seq_len': seq_len, 'batch_size': t.batch_size, 'steps': t.steps,
+          'tokens': tokens, 'non_embedding_params': n, 'tokens_per_param': tokens / n,
+          'flops_per_token': per_token, 'training_flops': total,
+          'accelerator_hours': total / (tflops * 1e12 * mfu) / 3600}
+
+
+def make_plan(runs: list[str], tflops: float, mfu: float) -> dict:
+  if not tflops > 0:
+    raise ConfigError(f'--tflops={tflops} must be > 0 (peak TFLOP/s of one device)')
+  if not 0 < mfu <= 1:
+    raise ConfigError(f'--mfu={mfu} must be in (0, 1] (a fraction, e.g. 0.4)')
+  rows = [plan_run(r, tflops, mfu) for r in runs]
+  _unique_workdirs(rows)
+  total = {k: sum(r[k] for r in rows) for k in ('tokens', 'steps', 'training_flops', 'accelerator_hours')}
+  return {'tflops': tflops, 'mfu': mfu, 'runs': rows, 'total': total}
+
+
+def _unique_workdirs(rows):
+  """runs/<config name>; runs that share a name (e.g. same arch and scale, two budgets) get their config arg."""
+  names = [r['name'] for r in rows]
+  for r in rows:
+    name = r['name']
+    if names.count(name) > 1:
+      arg = '_'.join([r['spec'].partition(':')[2]] + [o.removeprefix('--config.') for o in r['overrides']])
+      name = f"{name}__{re.sub(r'[^A-Za-z0-9_.-]+', '-', arg).strip('-')}"
+    r['workdir'] = f'runs/{name}'
+  workdirs = [r['workdir'] for r in rows]
+  duplicate = next((w for w in workdirs if workdirs.count(w) > 1), None)
+  if duplicate:
+    raise ConfigError(f'two runs of the sweep are identical (workdir {duplicate}); remove the duplicate')
+
+
+def launch_lines(plan: dict) -> list[str]:
+  """One hybrid_jax command per run, as the launchers take it after `--`."""
+  return [shlex.join(['train', f"--config={r['spec']}", *r['overrides'], f"--workdir={r['workdir']}"])
+          for r in plan['runs']]
+
+
+def _si(x):
+  for unit, scale in (('E', 1e18), ('P', 1e15), ('T', 1e12), ('G', 1e9), ('M', 1e6), ('k', 1e3)):
+    if abs(x) >= scale:
+      return f'{x / scale:.3g}{unit}'
+  return f'{x:.3g}'
+
+
+def _hours(x):
+  return f'{x:.3g}' if x < 100 else f'{x:,.0f}'
+
+
+def table(plan: dict) -> str:
+  lines = [f"accelerator: {plan['tflops']:g} TFLOP/s peak per device at {100 * plan['mfu']:g}% MFU "
+           '(training steps only; no eval, checkpoint or compile time)', '',
+           '| run | seq_len | batch | steps | tokens | D/N | FLOP/token | training FLOPs | accelerator-hours |',
+           '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+  for r in plan['runs']:
+    lines.append(f"| {r['workdir'].removeprefix('runs/')} | {r['seq_len']} | {r['batch_size']} | {r['steps']:,} | "
+                 f"{_si(r['tokens'])} | {r['tokens_per_param']:.1f} | {_si(r['flops_per_token'])} | "
+                 f"{_si(r['training_flops'])} | {_hours(r['accelerator_hours'])} |")
+  t = plan['total']
+  lines.append(f"| **total ({len(plan['runs'])} runs)** | | | {t['steps']:,} | {_si(t['tokens'])} | | | "
+               f"{_si(t['training_flops'])} | {_hours(t['accelerator_hours'])} |")
+  return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog='python -m hybrid_jax plan', description=__doc__.split('\n')[0])
+  source = p.add_mutually_exclusive_group(required=True)
+  source.add_argument('--sweep', help='sweep file[:name]; its runs(name) returns config strings')
+  source.add_argument('--runs', nargs='+', help='config strings, e.g. configs/hybrid.py:arch=gdn,scale=s1')
+  p.add_argument('--tflops', type=float, default=989.0, help='peak TFLOP/s of one device (default: H100/H200 bf16)')
+  p.add_argument('--mfu', type=float, default=0.4, help='expected model FLOPs utilisation, a fraction')
+  p.add_argument('--launch-list', metavar='FILE', help='write one launcher command line per run')
+  p.add_argument('--json', metavar='FILE', help='write the plan as JSON')
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    runs = sweep_runs(args.sweep) if args.sweep else args.runs
+    plan = make_plan(runs, args.tflops, args.mfu)
+  except ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  print(table(plan))
+  if args.launch_list:
+    pathlib.Path(args.launch_list).write_text('\n'.join(launch_lines(plan)) + '\n')
+    print(f'launch list: {args.launch_list} ({len(plan["runs"])} commands)')
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(plan, indent=1) + '\n')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

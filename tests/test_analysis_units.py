@@ -1,0 +1,79 @@
+"""The block-by-block forward and receptive-field restriction against independent references (the model itself,
+a sliding-window model with the same weights, recomputation from scratch)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.analysis.windowed import Restriction
+from hybrid_jax.train import state as state_lib
+from tests.conftest import small_config
+
+T = 64
+
+
+def _tokens(t=T, batch=2, seed=0):
+  return jnp.asarray(np.random.RandomState(seed).randint(0, 256, (batch, t)), jnp.int32)
+
+
+def _model(arch='swa128_nope', **overrides):
+  cfg = small_config(arch, **overrides).model
+  model_def, params = state_lib.init_model(cfg, 0)
+  return cfg, model_def, params
+
+
+def _logits(model_def, params, tokens, restriction=None):
+  fn = jax.jit(lambda p, t: forward_lib.forward(model_def.bind(p), t, restriction=restriction)['logits'])
+  return np.asarray(fn(params, tokens))
+
+
+def _reference(model_def, params, tokens):
+  return np.asarray(jax.jit(lambda p, t: model_def.bind(p)(t))(params, tokens))
+
+
+def test_forward_is_the_model_and_wide_restrictions_change_nothing():
+  _, model_def, params = _model()  # Layers [SWA w=16, full], 64 tokens.
+  tokens = _tokens()
+  ref = _reference(model_def, params, tokens)
+  np.testing.assert_array_equal(_logits(model_def, params, tokens), ref)
+  np.testing.assert_allclose(_logits(model_def, params, tokens, Restriction('full', T, sinks=3)), ref, atol=1e-6)
+  assert np.abs(_logits(model_def, params, tokens, Restriction('full', 8, sinks=2)) - ref).max() > 1e-4
+
+
+def test_pure_swa_efficient_restriction_at_or_above_w_changes_nothing():
+  _, model_def, params = _model('swa128', cycle=('swa',), window=16)
+  tokens = _tokens()
+  ref = _reference(model_def, params, tokens)
+  for w in (16, 40):
+    np.testing.assert_allclose(_logits(model_def, params, tokens, Restriction('efficient', w, sinks=4)), ref,
+                               atol=1e-6)
+  assert np.abs(_logits(model_def, params, tokens, Restriction('efficient', 8)) - ref).max() > 1e-4
+
+
+def test_full_restriction_is_a_sliding_window_model():
+  """Full layers restricted to W without sinks compute what the same weights do as SWA layers of window W."""
+  _, model_def, params = _model('full', cycle=('full',), num_layers=2)
+  swa_def = state_lib.make_model_def(small_config('full', cycle=('swa',), num_layers=2, window=8).model)
+  tokens = _tokens()
+  np.testing.assert_allclose(_logits(model_def, params, tokens, Restriction('full', 8)),
+                             _reference(swa_def, params, tokens), atol=1e-6)
+
+
+def test_windowed_recurrent_state_matches_recomputation_from_scratch():
+  """One Lightning layer: with W >= T nothing changes; with W < T each chunk's last token equals a fresh run over
+  the S sinks and the last W tokens, and a chunk's first token equals a fresh run over W - C + 1 tokens."""
+  _, model_def, params = _model('lightning', cycle=('lightning',), num_layers=1)
+  tokens = _tokens(t=32, batch=1)
+  np.testing.assert_allclose(_logits(model_def, params, tokens, Restriction('efficient', 32, chunk=8)),
+                             _reference(model_def, params, tokens), atol=2e-5)
+  w, s, c = 8, 2, 4
+  got = _logits(model_def, params, tokens, Restriction('efficient', w, sinks=s, chunk=c))
+  for t in (11, 19, 31):  # Last token of its chunk: sees [t - W + 1, t] plus the sinks.
+    ids = jnp.concatenate([tokens[:, :s], tokens[:, t - w + 1:t + 1]], axis=1)
+    np.testing.assert_allclose(got[:, t], _reference(model_def, params, ids)[:, -1], atol=2e-5)
+  for t in (12, 20, 28):  # First token of its chunk: sees [t - (W - C), t] plus the sinks.
+    ids = jnp.concatenate([tokens[:, :s], tokens[:, t - (w - c):t + 1]], axis=1)
+    np.testing.assert_allclose(got[:, t], _reference(model_def, params, ids)[:, -1], atol=2e-5)
+
+

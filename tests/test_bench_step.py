@@ -1,0 +1,92 @@
+"""The step benchmark's machinery (not its speed): config overrides, the JSON it writes, the breakdown rows, and
+the MFU helpers the training loop logs with. Nothing here asserts a time."""
+
+import json
+
+import pytest
+
+from hybrid_jax.bench import step as bench_step
+from hybrid_jax.config import ConfigError
+from hybrid_jax.models import flops
+from hybrid_jax.train import metrics
+from tests.conftest import ROOT
+
+SMALL = ['--set', 'model.d_model=32', '--set', 'model.num_layers=2', '--set', 'model.num_heads=4',
+         '--set', 'model.head_dim=8', '--set', 'model.d_ff=64', '--set', 'model.window=16']
+
+
+def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
+  """One scanned (2 cycles of [SWA, full]), rematerialised, gradient-accumulated step: the JSON, the model-FLOP
+  arithmetic and a breakdown row per layer kind."""
+  out = tmp_path / 'step.json'
+  argv = ['--config', f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', '--seq_len', '64',
+          '--batch_size', '4', '--grad_accum', '2', '--steps', '2', '--breakdown-repeats', '1', *SMALL,
+          '--set', 'model.num_layers=4', '--set', 'model.scan_layers=True', '--set', 'model.remat=save_dots',
+          '--json', str(out)]
+  assert bench_step.main(argv) == 0
+  result = json.loads(out.read_text())
+  s, c = result['step'], result['config']
+  assert (c['seq_len'], c['batch_size'], c['grad_accum'], c['remat'], c['scan_layers']) == (64, 4, 2, 'save_dots',
+                                                                                           True)
+  assert len(s['step_s_all']) == 2 and s['step_s_median'] > 0 and s['compile_s'] > 0
+  cfg = bench_step.load_config(f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', seq_len=64,
+                               overrides=SMALL[1::2] + ['model.num_layers=4'])
+  per_token = flops.training_flops_per_token(cfg.model, 64)
+  assert s['model_flops_per_token'] == pytest.approx(per_token)
+  assert s['model_flops_per_step'] == pytest.approx(per_token * 4 * 64)
+  assert s['tokens_per_s'] == pytest.approx(4 * 64 / s['step_s_median'])
+  assert s['tflops_per_device'] == pytest.approx(s['model_flops_per_step'] / s['step_s_median'] / 1e12)
+  assert s['memory_bytes_per_device']['compiled_peak'] > 0
+  rows = result['breakdown']['rows']
+  assert [(r['part'], r['layers']) for r in rows] == [('swa(w=16)', 2), ('full', 2), ('lm_head+loss', 1)]
+  assert result['breakdown']['micro_batch'] == 2
+  for r in rows:
+    assert r['ms_per_step'] == pytest.approx(r['ms_per_layer'] * r['layers'] * 2)
+  assert set(result['model_flops_by_kind']) == {'swa', 'full', 'lm_head'}
+  text = capsys.readouterr().out
+  assert 'tokens/s' in text and '| swa(w=16) | 2 |' in text and 'rest' in text
+
+
+def test_dry_run_compiles_nothing(capsys):
+  argv = ['--config', f'{ROOT}/configs/hybrid.py:arch=gdn,scale=s4', '--batch_size', '8', '--set',
+          'model.remat=save_dots', '--dry-run']
+  assert bench_step.main(argv) == 0
+  text = capsys.readouterr().out
+  assert 'gdn_s4: config valid (16384 x 8' in text and '| gdn | 9 |' in text
+
+
+@pytest.mark.parametrize('override, message', [('model.nope=1', 'does not exist'), ('nokey', 'KEY=VALUE'),
+                                                ('model.remat=sometimes', 'model.remat'),
+                                                ('train.peak_tflops=-1', 'train.peak_tflops')])
+def test_bad_overrides_fail_clearly(override, message):
+  with pytest.raises(ConfigError, match=message):
+    bench_step.load_config(f'{ROOT}/configs/hybrid.py', overrides=[override])
+
+
+def test_peak_table_and_mfu():
+  assert metrics.peak_tflops('NVIDIA H200') == 989.0
+  assert metrics.peak_tflops('NVIDIA H100 80GB HBM3') == 989.0
+  assert metrics.peak_tflops('NVIDIA H100 PCIe') == 756.0
+  assert metrics.peak_tflops('NVIDIA A100-SXM4-80GB') == 312.0
+  assert metrics.peak_tflops('TPU v5 lite') == 197.0 and metrics.peak_tflops('TPU v5') == 459.0
+  assert metrics.peak_tflops('TPU v6 lite') == 918.0 and metrics.peak_tflops('TPU v4') == 275.0
+  assert metrics.peak_tflops('cpu') is None
+  assert metrics.peak_tflops('cpu', override=100.0) == 100.0
+  assert metrics.throughput(2e12, 1.0, 2, None) == {'tflops_per_device': 1.0}
+  assert metrics.throughput(2e12, 0.5, 1, 8.0) == {'tflops_per_device': 4.0, 'mfu': 0.5}
+
+
+def test_train_loop_logs_model_tflops_and_mfu(tmp_path):
+  """CPU has no peak in the table: TFLOP/s is logged, MFU only once train.peak_tflops names a peak."""
+  from hybrid_jax.train import loop
+  from tests.conftest import small_config
+  c = small_config()
+  c.train.update(dict(steps=4, checkpoint_every=4, log_every=2, peak_tflops=0.5))
+  result = loop.train(c, tmp_path)
+  records = [r for r in metrics.read_jsonl(tmp_path / 'metrics.jsonl') if r['kind'] == 'train']
+  per_step = flops.training_flops_per_token(c.model, c.data.seq_len) * c.train.batch_size * c.data.seq_len
+  for r in records:
+    assert r['tflops_per_device'] == pytest.approx(per_step / r['step_time_s'] / 1e12)
+    assert r['mfu'] == pytest.approx(r['tflops_per_device'] / 0.5)
+  assert result['training_flops_per_token'] == pytest.approx(per_step / (c.train.batch_size * c.data.seq_len))
+  assert result['mfu'] == pytest.approx(result['tflops_per_device'] / 0.5)

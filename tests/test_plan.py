@@ -1,0 +1,72 @@
+"""The planner's arithmetic on a hand-checked case, sweeps from a file, the launch list and clear errors."""
+
+import shlex
+
+import pytest
+
+from hybrid_jax.config import ConfigError
+from hybrid_jax.study import plan
+from tests.conftest import ROOT
+
+TINY = f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny'
+
+# The tiny SWA-128 hybrid at T = 512 (d 128, 4 layers [swa, full] x 2, 4 heads / 2 KV heads of 32, SwiGLU 320,
+# vocab 257), per token, forward:
+#   attention projections: (128*4*32 + 2*128*2*32 + 4*32*128) = 49,152 weights -> 98,304 FLOPs
+#   MLP: 3*128*320 = 122,880 weights -> 245,760 FLOPs
+#   SWA core: pairs 128*129/2 + 384*128 = 57,408 per sequence; 4*4*32*57,408 / 512 = 57,408 per token
+#   full core: pairs 512*513/2 = 131,328; 4*4*32*131,328 / 512 = 131,328 per token
+#   LM head: 2*128*257 = 65,792
+#   total 2*(98,304 + 245,760 + 57,408) + 2*(98,304 + 245,760 + 131,328) + 65,792 = 1,819,520
+# Training: 3 x 1,819,520 = 5,458,560 FLOPs per token. Tokens: 300 steps x 8 x 512 = 1,228,800.
+TINY_FLOPS_PER_TOKEN = 5_458_560
+TINY_TOKENS = 1_228_800
+
+
+def test_hand_checked_tiny_run():
+  row = plan.plan_run(TINY, tflops=100.0, mfu=0.5)
+  assert (row['steps'], row['batch_size'], row['seq_len']) == (300, 8, 512)
+  assert row['tokens'] == TINY_TOKENS
+  assert row['flops_per_token'] == TINY_FLOPS_PER_TOKEN
+  assert row['training_flops'] == TINY_FLOPS_PER_TOKEN * TINY_TOKENS  # 6.707e12
+  # 6,707,478,528,000 FLOPs at 100 TFLOP/s x 0.5 = 134.15 s = 0.037264 h.
+  assert row['accelerator_hours'] == pytest.approx(6_707_478_528_000 / 50e12 / 3600)
+  assert row['tokens_per_param'] == pytest.approx(TINY_TOKENS / row['non_embedding_params'])
+
+
+def test_overrides_totals_and_launch_list(tmp_path):
+  runs = [TINY, f'{TINY} --config.train.steps=600 --config.train.batch_size=4']
+  p = plan.make_plan(runs, tflops=100.0, mfu=0.5)
+  second = p['runs'][1]
+  assert second['tokens'] == 600 * 4 * 512 == TINY_TOKENS  # Same tokens, twice the steps.
+  assert p['total']['tokens'] == 2 * TINY_TOKENS and p['total']['steps'] == 900
+  assert p['total']['training_flops'] == 2 * TINY_FLOPS_PER_TOKEN * TINY_TOKENS
+  workdirs = [r['workdir'] for r in p['runs']]
+  assert len(set(workdirs)) == 2 and all(w.startswith('runs/swa128_nope_tiny') for w in workdirs)
+  lines = plan.launch_lines(p)
+  assert shlex.split(lines[0]) == ['train', f'--config={TINY}', f'--workdir={workdirs[0]}']
+  assert shlex.split(lines[1])[2:4] == ['--config.train.steps=600', '--config.train.batch_size=4']
+  assert '| **total (2 runs)** |' in plan.table(p)
+
+
+def test_sweep_file_and_cli(tmp_path, capsys):
+  sweep = tmp_path / 'sweep.py'
+  sweep.write_text(f"def runs(name):\n  assert name == 'mini'\n  return [{TINY!r}, {TINY.replace('swa128_nope', 'gdn')!r}]\n")
+  out = tmp_path / 'launch.txt'
+  assert plan.main(['--sweep', f'{sweep}:mini', '--tflops', '100', '--mfu', '0.5', '--launch-list', str(out)]) == 0
+  lines = out.read_text().splitlines()
+  assert len(lines) == 2 and 'arch=gdn' in lines[1] and lines[1].endswith('--workdir=runs/gdn_tiny')
+  assert '| swa128_nope_tiny | 512 | 8 | 300 |' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--runs', f'{TINY} --config.train.stepz=3'], 'stepz does not exist'),
+    (['--runs', f'{TINY} --train.steps=3'], 'not a --config.KEY=VALUE'),
+    (['--runs', f'{TINY} --config.train.steps=many'], 'train.steps'),
+    (['--runs', TINY, TINY], 'identical'),
+    (['--runs', TINY, '--mfu', '40'], 'mfu'),
+    (['--sweep', 'configs/no_such_sweep.py:x'], 'does not exist'),
+])
+def test_bad_input_fails_clearly(argv, message, capsys):
+  assert plan.main(argv) == 2
+  assert message in capsys.readouterr().err
