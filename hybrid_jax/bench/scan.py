@@ -1,53 +1,104 @@
-"""Recurrent-mixer speed: chunked XLA scans against the token-by-token reference, per T.
+"""Recurrent-mixer speed: linear_scan and gated_delta_rule per implementation and T, optionally against fla.
 
-For linear_scan and gated_delta_rule, reports the median step time after warm-up (compile time apart) of the
-forward and the forward+backward pass, the speed-up of each implementation over the first one listed in
---baseline, and the time growth from one T to the next: both forms are O(T), but the reference runs T tiny
-sequential steps while the chunked form runs T/C matmul-sized ones. On CPU only these ratios mean much.
+Reports the median step time after warm-up (compile time apart) of the forward and the forward+backward pass,
+model TFLOP/s (chunk FLOP model, MIXERS.md: fwd 2C(K+V) + 4KV per token and head for the scalar-decay scan; the
+delta rule adds K K^T, the inverse, W, U and W S; fwd+bwd counted as 3x fwd), model GB/s (each input and output
+tensor moved once: fwd q, k, v, o; fwd+bwd also do, dq, dk, dv) and the fraction of the same-run copy bandwidth,
+the speed-up over --baseline measured in the same run, the time growth from one T to the next, and where fla is
+importable (`--fla`; PyTorch/Triton, GPU only) the same-run ratio to fla's chunk_simple_gla / chunk_lightning_attn
+(linear_scan) and chunk_gated_delta_rule. On CPU only the ratios mean much. The GPU defaults are BENCH.md's shapes:
+bf16, B=4, H=16, K=V=128, T in {2K, 8K, 32K}.
+
+--parity first checks values and every gradient of the Pallas kernel of this backend (and the automatic choice)
+against the float64 reference at the MIXERS.md thresholds, compiled on the device (not interpret mode), for every
+chunk size and head dim the code may be given.
 
   python -m hybrid_jax bench scan --seq-lens 1024,4096,16384 --json out.json
+  python -m hybrid_jax bench scan --parity --fla --json out.json          (GPU machine: scripts/device/scan_gpu.sh)
 """
 
 import argparse
 import datetime
 import json
+import os
+import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_jax.bench import timing
+from hybrid_jax.bench.attention import ceilings
 from hybrid_jax.kernels import gated_delta_rule
 from hybrid_jax.kernels import linear_scan
 
 KERNELS = {'linear_scan': linear_scan, 'gated_delta_rule': gated_delta_rule}
+_DEFAULTS = {
+    'cpu': dict(seq_lens='1024,4096,16384', impls='xla,reference', baseline='reference', batch=1, heads=4,
+                head_dim=64, dtype='float32', repeats=3, gemm=1024),
+    'gpu': dict(seq_lens='2048,8192,32768', impls='pallas_gpu,xla', baseline='xla', batch=4, heads=16,
+                head_dim=128, dtype='bfloat16', repeats=20, gemm=8192),
+    'tpu': dict(seq_lens='2048,8192,32768', impls='pallas_tpu,xla', baseline='xla', batch=4, heads=16,
+                head_dim=128, dtype='bfloat16', repeats=20, gemm=8192),
+}
+FLA = {'linear_scan': ('chunk_simple_gla', 'chunk_lightning_attn'), 'gated_delta_rule': ('chunk_gated_delta_rule',)}
+FLA_NOTE = ('fla backward on Hopper with Triton < 3.7.1 is refused upstream (a miscompile); '
+            'fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 was forced True for timing only')
 
 
 def _parse(argv):
   p = argparse.ArgumentParser(prog='hybrid_jax bench scan', description=__doc__.split('\n')[0])
   ints = lambda s: [int(x) for x in s.split(',') if x]
   names = lambda s: [x for x in s.split(',') if x]
-  p.add_argument('--seq-lens', type=ints, default=[1024, 4096, 16384], help='comma-separated T values')
+  p.add_argument('--seq-lens', type=ints, help='comma-separated T values (default 1024,4096,16384 CPU; '
+                 '2048,8192,32768 GPU/TPU)')
   p.add_argument('--kernels', type=names, default=list(KERNELS), help=f'comma-separated, of {list(KERNELS)}')
-  p.add_argument('--impls', type=names, default=['xla', 'reference'],
-                 help='comma-separated implementations')
-  p.add_argument('--baseline', default='reference', help='implementation the speed-ups are relative to')
-  p.add_argument('--batch', type=int, default=1)
-  p.add_argument('--heads', type=int, default=4)
-  p.add_argument('--head-dim', type=int, default=64, help='K = V')
+  p.add_argument('--impls', type=names, help='comma-separated implementations (default xla,reference CPU; '
+                 'pallas_gpu,xla GPU)')
+  p.add_argument('--baseline', help='implementation the speed-ups are relative to (default reference CPU, xla else)')
+  p.add_argument('--batch', type=int)
+  p.add_argument('--heads', type=int)
+  p.add_argument('--head-dim', type=int, help='K = V')
   p.add_argument('--chunk-size', type=int, default=64)
-  p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32')
+  p.add_argument('--dtype', choices=['float32', 'bfloat16'])
   p.add_argument('--no-bwd', action='store_true', help='time the forward pass only')
-  p.add_argument('--repeats', type=int, default=3, help='fewest timed runs (more until --min-seconds)')
+  p.add_argument('--repeats', type=int, help='fewest timed runs (more until --min-seconds)')
   p.add_argument('--min-seconds', type=float, default=0.5)
+  p.add_argument('--gemm', type=int, help='n of the n^3 GEMM ceiling (default 1024 CPU, 8192 else)')
+  p.add_argument('--fla', action='store_true', help='also time fla (needs fla-core, torch and a CUDA GPU)')
+  p.add_argument('--parity', action='store_true', help='check values and gradients on this device first')
+  p.add_argument('--parity-only', action='store_true', help='run the parity checks and no timings')
   p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file')
   args = p.parse_args(argv)
+  for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():
+    if getattr(args, key) is None:
+      setattr(args, key, value)
+  for key in ('seq_lens', 'impls'):
+    if isinstance(getattr(args, key), str):
+      setattr(args, key, (ints if key == 'seq_lens' else names)(getattr(args, key)))
   unknown = set(args.kernels) - set(KERNELS)
   if unknown:
     p.error(f'unknown kernels {sorted(unknown)}; choose from {list(KERNELS)}')
   return args
 
 
+def model_flops(kernel, t, args):
+  """Forward FLOPs of the chunked form (MIXERS.md model); the delta rule adds K K^T (2CK), the inverse (~2C^2/3),
+  W and U (2C(K+V)) and W S (2KV) per token and head."""
+  c, d = args.chunk_size, args.head_dim
+  per_token = 2 * c * (d + d) + 4 * d * d
+  if kernel == 'gated_delta_rule':
+    per_token += 2 * c * d + 2 * c * c // 3 + 2 * c * (d + d) + 2 * d * d
+  return args.batch * t * args.heads * per_token
+
+
+def model_bytes(kernel, t, args, bwd):
+  """Each tensor moved once: q, k, v, o (+ do, dq, dk, dv) and the per-token gates (and beta)."""
+  tokens = args.batch * t * args.heads
+  gates = 2 if kernel == 'gated_delta_rule' else 1
+  return tokens * (args.head_dim * jnp.dtype(args.dtype).itemsize * (8 if bwd else 4) + 4 * gates * (2 if bwd else 1))
 
 
 def inputs(kernel, t, args):
@@ -61,17 +112,21 @@ def inputs(kernel, t, args):
   return (q, k, v, g) + extra, do
 
 
+def _row(kernel, impl, t, args):
+  return dict(kernel=kernel, impl=impl, T=t, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+              dtype=args.dtype, chunk_size=args.chunk_size)
+
+
 def measure(kernel, t, impl, args):
   fn = KERNELS[kernel]
   xs, do = inputs(kernel, t, args)
   fwd = lambda *xs: fn(*xs, chunk_size=args.chunk_size, implementation=impl)
 
   def fwd_bwd(xs, do):
-    (o, s), vjp = jax.vjp(fwd, *xs)
+    (_, s), vjp = jax.vjp(fwd, *xs)
     return vjp((do, jnp.zeros_like(s)))
 
-  row = dict(kernel=kernel, impl=impl, T=t, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-             dtype=args.dtype, chunk_size=args.chunk_size)
+  row = _row(kernel, impl, t, args)
   try:
     row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, xs, args.repeats, args.min_seconds)
     if not args.no_bwd:
@@ -81,8 +136,61 @@ def measure(kernel, t, impl, args):
   return row
 
 
-def add_ratios(rows, baseline):
-  """Growth from each T to the next (same kernel and impl) and baseline ms / this ms (above 1 is faster)."""
+def _torch_ms(fn, repeats, min_seconds):
+  import torch  # pylint: disable=import-outside-toplevel
+  fn()
+  torch.cuda.synchronize()
+  times = []
+  while len(times) < repeats or (sum(times) < min_seconds and len(times) < 1000):
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    times.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(times)
+
+
+def measure_fla(kernel, name, t, args):
+  """fla's PyTorch/Triton kernel on the same shapes (fresh torch inputs of the same distribution)."""
+  row = _row(kernel, f'fla:{name}', t, args)
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+    import fla.ops.common.chunk_o as chunk_o  # pylint: disable=import-outside-toplevel
+    from fla import ops  # pylint: disable=import-outside-toplevel
+    chunk_o.TRITON_ABOVE_3_7_1 = True  # Timing only: see FLA_NOTE.
+    b, h, d = args.batch, args.heads, args.head_dim
+    dt = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[args.dtype]
+    gen = torch.Generator(device='cuda').manual_seed(0)
+    randn = lambda *s: torch.randn(*s, device='cuda', dtype=dt, generator=gen)
+    q, k, v, do = randn(b, t, h, d), randn(b, t, h, d), randn(b, t, h, d), randn(b, t, h, d)
+    k = torch.nn.functional.normalize(k.float(), dim=-1).to(dt)
+    g = -0.1 * torch.rand(b, t, h, device='cuda', generator=gen)
+    beta = torch.rand(b, t, h, device='cuda', generator=gen).sigmoid()
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    if name == 'chunk_simple_gla':
+      g.requires_grad_()
+      leaves.append(g)
+      call = lambda: ops.simple_gla.chunk_simple_gla(q, k, v, g=g, scale=d**-0.5)[0]
+    elif name == 'chunk_lightning_attn':
+      call = lambda: ops.lightning_attn.chunk_lightning_attn(q, k, v, layer_idx=0, num_layers=2, scale=d**-0.5)[0]
+    else:
+      g.requires_grad_()
+      beta.requires_grad_()
+      leaves += [g, beta]
+      call = lambda: ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, scale=d**-0.5)[0]
+    with torch.no_grad():
+      row['fwd_ms'] = _torch_ms(call, args.repeats, args.min_seconds)
+    if not args.no_bwd:
+      row['fwd_bwd_ms'] = _torch_ms(lambda: torch.autograd.grad(call(), leaves, do), args.repeats,
+                                    args.min_seconds)
+    row['note'] = FLA_NOTE
+  except Exception as e:  # pylint: disable=broad-except
+    row['error'] = f'{type(e).__name__}: {e}'.split('\n')[0][:200]
+  return row
+
+
+def add_ratios(rows, baseline, ceiling):
+  """Growth from each T to the next, baseline ms / this ms (above 1 is faster), fla ms / this ms, TF/s, GB/s and the
+  fraction of the same-run copy bandwidth."""
   groups = {}
   for row in rows:
     groups.setdefault((row['kernel'], row['impl']), []).append(row)
@@ -93,16 +201,37 @@ def add_ratios(rows, baseline):
         if f'{m}_ms' in row and f'{m}_ms' in prev:
           row[f'{m}_growth'] = row[f'{m}_ms'] / prev[f'{m}_ms']
   base = {(r['kernel'], r['T']): r for r in rows if r['impl'] == baseline}
+  fla = {}
+  for r in rows:
+    if r['impl'].startswith('fla:') and 'error' not in r:
+      fla.setdefault((r['kernel'], r['T']), r)  # The first fla variant listed is the anchor.
   for row in rows:
-    ref = base.get((row['kernel'], row['T']), {})
     for m in ('fwd', 'fwd_bwd'):
-      if f'{m}_ms' in row and f'{m}_ms' in ref:
-        row[f'{m}_speedup'] = ref[f'{m}_ms'] / row[f'{m}_ms']
+      ms = row.get(f'{m}_ms')
+      if ms is None:
+        continue
+      flops = model_flops(row['kernel'], row['T'], _Args(row)) * (3 if m == 'fwd_bwd' else 1)
+      row[f'{m}_tflops'] = flops / ms / 1e9
+      row[f'{m}_gbs'] = model_bytes(row['kernel'], row['T'], _Args(row), m == 'fwd_bwd') / ms / 1e6
+      if ceiling:
+        row[f'{m}_of_copy'] = row[f'{m}_gbs'] / ceiling['copy_gbs']
+      for key, ref in (('speedup', base.get((row['kernel'], row['T']), {})),
+                       ('vs_fla', fla.get((row['kernel'], row['T']), {}))):
+        if f'{m}_ms' in ref:
+          row[f'{m}_{key}'] = ref[f'{m}_ms'] / ms
+
+
+class _Args:
+  """A row's shape settings in the form model_flops/model_bytes read."""
+
+  def __init__(self, row):
+    self.batch, self.heads, self.head_dim = row['batch'], row['heads'], row['head_dim']
+    self.chunk_size, self.dtype = row['chunk_size'], row['dtype']
 
 
 def table(rows, baseline):
-  cols = ['kernel', 'impl', 'T', 'fwd ms', 'fwd growth', f'fwd speed-up vs {baseline}', 'fwd+bwd ms',
-          'fwd+bwd growth', f'fwd+bwd speed-up vs {baseline}', 'compile s (fwd, fwd+bwd)']
+  cols = ['kernel', 'impl', 'T', 'fwd ms', 'TF/s', 'GB/s', 'of copy', f'vs {baseline}', 'vs fla', 'fwd+bwd ms',
+          'TF/s', f'vs {baseline}', 'vs fla', 'growth', 'compile s']
   f = lambda x, spec: '' if x is None else format(x, spec)
   lines = ['| ' + ' | '.join(cols) + ' |', '|' + ' --- |' * len(cols)]
   for r in rows:
@@ -110,34 +239,144 @@ def table(rows, baseline):
     if 'error' in r:
       cells += [r['error'][:80]] + [''] * (len(cols) - 4)
     else:
-      cells += [f(r['fwd_ms'], '.2f'), f(r.get('fwd_growth'), '.2f'), f(r.get('fwd_speedup'), '.1f'),
-                f(r.get('fwd_bwd_ms'), '.2f'), f(r.get('fwd_bwd_growth'), '.2f'),
-                f(r.get('fwd_bwd_speedup'), '.1f'),
-                ', '.join(f'{r[k]:.2f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in r)]
+      cells += [f(r.get('fwd_ms'), '.3f'), f(r.get('fwd_tflops'), '.1f'), f(r.get('fwd_gbs'), '.0f'),
+                f(r.get('fwd_of_copy'), '.2f'), f(r.get('fwd_speedup'), '.2f'), f(r.get('fwd_vs_fla'), '.2f'),
+                f(r.get('fwd_bwd_ms'), '.3f'), f(r.get('fwd_bwd_tflops'), '.1f'), f(r.get('fwd_bwd_speedup'), '.2f'),
+                f(r.get('fwd_bwd_vs_fla'), '.2f'), f(r.get('fwd_bwd_growth'), '.2f'),
+                ', '.join(f'{r[k]:.1f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in r)]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
 
-def main(argv=None) -> int:
-  args = _parse(sys.argv[1:] if argv is None else argv)
-  rows = []
+# Parity on the device.
+
+TOL = {'float32': (1e-5, 1e-5, 1e-5), 'bfloat16': (5e-3, 1e-2, 2e-2)}  # o/S_T, dq/dk/dv/dS_0, dg/dbeta
+
+
+def _rel(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  if not np.all(np.isfinite(x)):
+    return float('nan')
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def parity_case(kernel, impl, t, d, chunk, dtype, seed=0):
+  """Errors of the output, final state and every gradient (loss = sum(o do) + sum(S_T dS), non-zero initial
+  state, GVA 2:4 heads) against the float64 reference on the same rounded inputs."""
+  rng = np.random.default_rng(seed)
+  b, hk, hv = 1, 2, 4
+  q, k = rng.standard_normal((b, t, hk, d)), rng.standard_normal((b, t, hk, d))
+  k /= np.linalg.norm(k, axis=-1, keepdims=True)
+  v = rng.standard_normal((b, t, hv, d))
+  g = np.log(rng.uniform(0.5, 1.0, (b, t, hv)))
+  g = np.where(rng.uniform(size=g.shape) < 0.1, 0.0, g)  # Some gates exactly 0.
+  args = [q, k, v, g] + ([rng.uniform(0.05, 0.95, (b, t, hv))] if kernel == 'gated_delta_rule' else [])
+  s0, do, ds = rng.standard_normal((b, hv, d, d)), rng.standard_normal((b, t, hv, d)), rng.standard_normal(
+      (b, hv, d, d))
+  fn = KERNELS[kernel]
+
+  def run(xs, s0, do, ds, impl, chunk):
+    (o, s), vjp = jax.vjp(lambda xs, s0: fn(*xs, initial_state=s0, chunk_size=chunk, implementation=impl), xs, s0)
+    dxs, ds0 = vjp((do.astype(o.dtype), ds))
+    return o, s, list(dxs) + [ds0]
+
+  xs = [jnp.asarray(x, dtype if i < 3 else jnp.float32) for i, x in enumerate(args)]
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  start = time.perf_counter()
+  got = jax.block_until_ready(jax.jit(run, static_argnums=(4, 5))(xs, f32(s0), f32(do), f32(ds), impl, chunk))
+  seconds = time.perf_counter() - start
+  with jax.enable_x64(True):
+    up = lambda x: jnp.asarray(np.asarray(x, np.float64))
+    want = jax.jit(run, static_argnums=(4, 5))([up(x) for x in xs], up(f32(s0)), up(f32(do)), up(f32(ds)),
+                                               'reference', chunk)
+    want = jax.tree.map(np.asarray, want)
+  names = ['q', 'k', 'v', 'log_decay'] + (['beta'] if kernel == 'gated_delta_rule' else []) + ['initial_state']
+  errs = {'o': _rel(got[0], want[0]), 'S_T': _rel(got[1], want[1])}
+  errs.update({f'd{n}': _rel(x, w) for n, x, w in zip(names, got[2], want[2])})
+  out_tol, qkv_tol, gate_tol = TOL[jnp.dtype(dtype).name]
+  limit = {n: out_tol if n in ('o', 'S_T') else qkv_tol if n in ('dq', 'dk', 'dv', 'dinitial_state') else gate_tol
+           for n in errs}
+  ok = all(errs[n] <= limit[n] for n in errs)  # False on NaN.
+  return dict(kernel=kernel, impl=str(impl), T=t, head_dim=d, chunk=chunk, dtype=jnp.dtype(dtype).name, ok=bool(ok),
+              seconds=round(seconds, 3), **{n: float(f'{e:.3g}') for n, e in errs.items()})
+
+
+def parity(args):
+  """The backend's Pallas kernel at T = 1000 (no chunk multiple), GVA 2:4, per kernel: chunk sizes 16, 32 and 64
+  at bf16 / head dim 128, and chunk 64 also at fp32 / 128 and bf16 / 64; plus the automatic choice at bf16."""
+  backend = jax.default_backend()
+  impl = {'gpu': 'pallas_gpu', 'tpu': 'pallas_tpu'}.get(backend, 'pallas_gpu')
+  bf16, f32 = jnp.dtype('bfloat16'), jnp.dtype('float32')
+  cases = []
   for kernel in args.kernels:
-    for impl in args.impls:
+    if backend == 'cpu':  # Interpret mode: a smoke run only.
+      cases += [(kernel, impl, 40, 16, 16, f32), (kernel, impl, 40, 16, 16, bf16)]
+      continue
+    cases += [(kernel, impl, 1000, 128, chunk, bf16) for chunk in (16, 32, 64)]
+    cases += [(kernel, impl, 1000, 128, 64, f32), (kernel, impl, 1000, 64, 64, bf16),
+              (kernel, None, 1000, 128, 64, bf16)]
+  results = []
+  for case in cases:
+    try:
+      r = parity_case(*case)
+    except Exception as e:  # pylint: disable=broad-except  # Record and go on: one case must not hide the others.
+      kernel, impl_, t, d, chunk, dtype = case
+      r = dict(kernel=kernel, impl=str(impl_), T=t, head_dim=d, chunk=chunk, dtype=dtype.name, ok=False,
+               error=f'{type(e).__name__}: {e}'.split('\n')[0][:300])
+    results.append(r)
+    print('parity ' + json.dumps(r), flush=True)
+  failed = sum(not r['ok'] for r in results)
+  print(f'parity: {len(results) - failed}/{len(results)} cases pass', flush=True)
+  return results
+
+
+def main(argv=None) -> int:
+  # fla (torch) shares the GPU: JAX must not grab most of its memory up front.
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  args = _parse(sys.argv[1:] if argv is None else argv)
+  device = jax.devices()[0]
+  meta = dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), jax=jax.__version__,
+              backend=jax.default_backend(), device=getattr(device, 'device_kind', str(device)),
+              args={k: v for k, v in vars(args).items() if k != 'json'})
+  out = dict(meta=meta, rows=[])
+  failed = 0
+  if args.parity or args.parity_only:
+    jax.config.update('jax_default_matmul_precision', 'highest')  # fp32 reference dots must not be TF32.
+    out['parity'] = parity(args)
+    _write(args.json, out)
+    failed = sum(not r['ok'] for r in out['parity'])
+    jax.config.update('jax_default_matmul_precision', None)
+  if not args.parity_only:
+    print(f"scan bench: {meta['device']} ({meta['backend']}), jax {jax.__version__}, B={args.batch} "
+          f'H={args.heads} K=V={args.head_dim} C={args.chunk_size} {args.dtype}', flush=True)
+    meta['ceiling'] = ceiling = ceilings(args)
+    print(f"  ceilings: {args.dtype} GEMM {ceiling['gemm_n']}^3 {ceiling['gemm_tflops']:.1f} TF/s, "
+          f"copy {ceiling['copy_gbs']:.0f} GB/s", flush=True)
+    rows = out['rows']
+    for kernel in args.kernels:
       for t in args.seq_lens:
-        rows.append(measure(kernel, t, impl, args))
-        print(f"{kernel} {impl} T={t}: " + ', '.join(f'{k}={rows[-1][k]:.2f}' for k in ('fwd_ms', 'fwd_bwd_ms')
-                                                      if k in rows[-1]) + rows[-1].get('error', ''),
-              file=sys.stderr, flush=True)
-  add_ratios(rows, args.baseline)
-  print(f'backend={jax.default_backend()} devices={jax.device_count()} B={args.batch} H={args.heads} '
-        f'K=V={args.head_dim} C={args.chunk_size} dtype={args.dtype}')
-  print(table(rows, args.baseline))
+        for impl in args.impls:
+          rows.append(measure(kernel, t, impl, args))
+        if args.fla:
+          rows.extend(measure_fla(kernel, name, t, args) for name in FLA[kernel])
+        for r in rows[-len(args.impls) - (len(FLA[kernel]) if args.fla else 0):]:
+          print(f"  {kernel} {r['impl']} T={t}: " + (r['error'] if 'error' in r else ', '.join(
+              f'{k}={r[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in r)), flush=True)
+        _write(args.json, out)  # Partial results survive a time-boxed run.
+    add_ratios(rows, args.baseline, ceiling)
+    print(table(rows, args.baseline))
+    print(f'vs X: X ms / this ms in the same run (above 1: faster than X); vs fla: the first fla kernel listed per '
+          f'kernel; growth: fwd+bwd time ratio to the previous T.' + (f' Note: {FLA_NOTE}.' if args.fla else ''))
+  _write(args.json, out)
   if args.json:
-    meta = dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(), jax=jax.__version__,
-                backend=jax.default_backend(), device=str(jax.devices()[0]), argv=list(argv or []))
-    with open(args.json, 'w') as fh:
-      json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-  return 0
+    print(f'wrote {args.json}')
+  return 1 if failed else 0
+
+
+def _write(path, out):
+  if path:
+    with open(path, 'w') as fh:
+      json.dump(out, fh, indent=1)
 
 
 if __name__ == '__main__':

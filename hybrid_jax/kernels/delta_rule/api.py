@@ -6,12 +6,14 @@ then (I + L)^-1 stays bounded; with raw keys it blows up. The endpoints 0 and 1 
 sigmoid saturates to exactly 1.
 """
 
+from hybrid_jax.kernels.delta_rule import pallas_gpu
+from hybrid_jax.kernels.delta_rule import pallas_tpu
 from hybrid_jax.kernels.delta_rule import reference
 from hybrid_jax.kernels.delta_rule import xla
 from hybrid_jax.kernels.linear_scan.api import check_common
 from hybrid_jax.kernels.linear_scan.api import check_gate
 from hybrid_jax.kernels.linear_scan.api import check_step
-from hybrid_jax.kernels.linear_scan.api import not_yet
+from hybrid_jax.kernels.linear_scan.api import pallas
 from hybrid_jax.kernels.linear_scan.api import resolve
 from hybrid_jax.kernels.linear_scan.api import run_step
 
@@ -19,8 +21,8 @@ _IMPLEMENTATIONS = {
     'reference': lambda q, k, v, g, beta, *, scale, initial_state, chunk_size: reference.gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state),
     'xla': xla.gated_delta_rule,
-    'pallas_gpu': not_yet('pallas_gpu'),
-    'pallas_tpu': not_yet('pallas_tpu'),
+    'pallas_gpu': pallas('pallas_gpu', pallas_gpu.gated_delta_rule, 'gpu'),
+    'pallas_tpu': pallas('pallas_tpu', pallas_tpu.gated_delta_rule, 'tpu'),
 }
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 
@@ -31,11 +33,13 @@ def gated_delta_rule(q, k, v, log_decay, beta, *, scale=None, initial_state=None
 
   q/k [B,T,Hk,K] (k L2-normalised), v [B,T,Hv,V] (Hv % Hk == 0), log_decay <= 0 [B,T,Hv] (or [Hv]),
   beta in [0, 1] [B,T,Hv], initial_state [B,Hv,K,V] or None; scale defaults to K**-0.5.
-  implementation: None/'auto' (xla), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu'.
+  implementation: None/'auto' (best available, as `linear_scan`: 'pallas_tpu' on TPU, the measured table on GPU,
+  'xla' elsewhere), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu' (Pallas ones run interpreted on CPU).
   Returns o [B,T,Hv,V] in q's dtype and the final state [B,Hv,K,V] (float32, float64 for float64 inputs).
   """
   (b, t, _, dk, hv, _), chunk_size = check_common(q, k, v, initial_state, chunk_size)
-  fn = resolve(implementation, _IMPLEMENTATIONS, 'gated_delta_rule')
+  fn = resolve(implementation, _IMPLEMENTATIONS, 'gated_delta_rule', dtype=q.dtype, chunk_size=chunk_size,
+               head_dims=(dk, v.shape[3]))
   log_decay = check_gate('log_decay', log_decay, (b, t, hv), hi=0, allow_per_head=True)
   beta = check_gate('beta', beta, (b, t, hv), lo=0, hi=1)
   scale = dk**-0.5 if scale is None else scale

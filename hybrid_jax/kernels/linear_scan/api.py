@@ -7,30 +7,61 @@ Value checks (log_decay <= 0, beta in [0, 1]) run only on concrete arrays; under
 """
 
 import operator
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax.kernels.linear_scan import pallas_gpu
+from hybrid_jax.kernels.linear_scan import pallas_tpu
 from hybrid_jax.kernels.linear_scan import reference
 from hybrid_jax.kernels.linear_scan import xla
 
-_AUTO = {}  # Backend -> automatic choice; anything not listed gets 'xla'.
 IMPLEMENTATION_NAMES = ('reference', 'xla', 'pallas_gpu', 'pallas_tpu')
+_AUTO = {'tpu': 'pallas_tpu', 'cpu': 'xla'}  # Backend -> automatic choice; GPU below; anything else gets 'xla'.
+# Automatic choice on GPU, per kernel. 'pallas_gpu' goes here only once `python -m hybrid_jax bench scan` on the GPU
+# machine (scripts/device/scan_gpu.sh) has measured it faster than 'xla' in the same run, with its parity checks
+# passing. No GPU measurement exists yet, so both stay on the chunked XLA path.
+GPU_MEASURED_CHOICE = {'linear_scan': 'xla', 'gated_delta_rule': 'xla'}
+_MIN_CHUNK = {'pallas_gpu': pallas_gpu.MIN_CHUNK, 'pallas_tpu': pallas_tpu.MIN_CHUNK}
+_PALLAS_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+_warned = set()
 
 
-def not_yet(name):
-  def unavailable(*args, **kwargs):
-    del args, kwargs
-    raise NotImplementedError(f'implementation={name!r} is not available yet in this version; use '
-                              "'xla' (chunked, the default) or 'reference' (token by token)")
-  return unavailable
+def pallas(name, kernel, backend):
+  """A Pallas kernel on its own backend, or in interpret mode on CPU (slow: tests); elsewhere a clear error."""
+  def run(*args, **kwargs):
+    here = jax.default_backend()
+    if here not in (backend, 'cpu'):
+      raise RuntimeError(f'implementation={name!r} needs a {backend.upper()} backend (or CPU, where it runs in '
+                         f"interpret mode); the current backend is {here!r} (use implementation=None or 'xla')")
+    return kernel(*args, interpret=here == 'cpu', **kwargs)
+  return run
 
 
-def resolve(implementation, table, kernel):
-  """The callable for an implementation name (None/'auto' -> per-backend default)."""
+def supports(name, dtype, chunk_size, head_dims=(64, 64)):
+  """Whether implementation `name` can run a call with these inputs (the automatic choice checks this)."""
+  if name not in _MIN_CHUNK:
+    return True
+  ok = chunk_size % _MIN_CHUNK[name] == 0 and any(jnp.dtype(dtype) == jnp.dtype(d) for d in _PALLAS_DTYPES)
+  if name == 'pallas_gpu':  # Triton tiles: powers of two, at least 16.
+    ok = ok and all(n >= 16 and not n & (n - 1) for n in (chunk_size, *head_dims))
+  return ok
+
+
+def resolve(implementation, table, kernel, *, dtype=jnp.float32, chunk_size=64, head_dims=(64, 64)):
+  """The callable for an implementation name (None/'auto' -> per-backend default, falling back to 'xla' with one
+  warning when the preferred Pallas kernel cannot take this call)."""
   if implementation in (None, 'auto'):
-    implementation = _AUTO.get(jax.default_backend(), 'xla')
+    backend = jax.default_backend()
+    implementation = GPU_MEASURED_CHOICE[kernel] if backend == 'gpu' else _AUTO.get(backend, 'xla')
+    if not supports(implementation, dtype, chunk_size, head_dims):
+      if (kernel, implementation) not in _warned:
+        _warned.add((kernel, implementation))
+        warnings.warn(f'{kernel}: {implementation!r} cannot run dtype {jnp.dtype(dtype).name}, chunk_size '
+                      f"{chunk_size}, head dims {tuple(head_dims)}; using 'xla'")
+      implementation = 'xla'
   if not isinstance(implementation, str) or implementation not in table:
     raise ValueError(f'unknown {kernel} implementation {implementation!r}; allowed: None, '
                      f"'auto', {', '.join(map(repr, table))}")
@@ -134,8 +165,8 @@ _IMPLEMENTATIONS = {
     'reference': lambda q, k, v, g, *, scale, initial_state, chunk_size: reference.linear_scan(
         q, k, v, g, scale=scale, initial_state=initial_state),
     'xla': xla.linear_scan,
-    'pallas_gpu': not_yet('pallas_gpu'),
-    'pallas_tpu': not_yet('pallas_tpu'),
+    'pallas_gpu': pallas('pallas_gpu', pallas_gpu.linear_scan, 'gpu'),
+    'pallas_tpu': pallas('pallas_tpu', pallas_tpu.linear_scan, 'tpu'),
 }
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 
@@ -146,11 +177,13 @@ def linear_scan(q, k, v, log_decay, *, scale=None, initial_state=None, chunk_siz
 
   q/k [B,T,Hk,K], v [B,T,Hv,V] (Hv % Hk == 0), log_decay <= 0 of shape [B,T,Hv] or [Hv] (constant per head),
   initial_state [B,Hv,K,V] or None (zeros); scale defaults to K**-0.5. T need not be a multiple of chunk_size.
-  implementation: None/'auto' (xla), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu'.
+  implementation: None/'auto' (best available: 'pallas_tpu' on TPU, GPU_MEASURED_CHOICE on GPU, 'xla'
+  elsewhere), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu' (the Pallas ones run in interpret mode on CPU).
   Returns o [B,T,Hv,V] in q's dtype and the final state [B,Hv,K,V] (float32, float64 for float64 inputs).
   """
   (b, t, _, dk, hv, _), chunk_size = check_common(q, k, v, initial_state, chunk_size)
-  fn = resolve(implementation, _IMPLEMENTATIONS, 'linear_scan')
+  fn = resolve(implementation, _IMPLEMENTATIONS, 'linear_scan', dtype=q.dtype, chunk_size=chunk_size,
+               head_dims=(dk, v.shape[3]))
   log_decay = check_gate('log_decay', log_decay, (b, t, hv), hi=0, allow_per_head=True)
   scale = dk**-0.5 if scale is None else scale
   return fn(q, k, v, log_decay, scale=scale, initial_state=initial_state, chunk_size=chunk_size)
