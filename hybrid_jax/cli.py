@@ -140,8 +140,8 @@ RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data
 
 def _usage() -> str:
   lines = ['usage: python -m hybrid_jax <command> [flags]', 'commands:']
-  lines += [f'  {name:8s} {fn.__doc__.strip().splitlines()[0]}' for name, fn in COMMANDS.items()]
-  lines += [f'  {name:8s} see python -m hybrid_jax {name} --help' for name in RAW_COMMANDS]
+  lines += [f'  {name:13s} {fn.__doc__.strip().splitlines()[0]}' for name, fn in COMMANDS.items()]
+  lines += [f'  {name:13s} see python -m hybrid_jax {name} --help' for name in RAW_COMMANDS]
   return '\n'.join(lines)
 
 

@@ -151,6 +151,31 @@ def test_sharded_loss_matches_one_device_fast():
   _check_matrix({'swa128': [[2, 2, 2]]}, layers=2, scan=False, steps=2)
 
 
+def test_activations_are_constrained_in_sharded_steps_only():
+  """The residual stream and logits carry sharding constraints when the step is sharded, none otherwise."""
+  code = '''
+    import jax, jax.numpy as jnp
+    from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+    from hybrid_jax.train import optim, state as state_lib, step as step_lib
+    from tests.conftest import small_config
+    c = small_config('swa128', num_layers=3)
+    c.parallel.update(dict(data=2, fsdp=2, tensor=2))
+    mesh = mesh_lib.make_mesh(c.parallel)
+    model_def, tx = state_lib.make_model_def(c.model), optim.make_optimizer(c.train)
+    sh = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(c.parallel.rules))
+    abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(c.model, 0, tx), sh.state)
+    batch = jax.ShapeDtypeStruct((8, 64), jnp.int32, sharding=sh.batch)
+    args = (abstract, {'inputs': batch, 'targets': batch})
+    sharded = step_lib.make_train_step(model_def, tx, c.train, sh).lower(*args).as_text()
+    plain = step_lib.make_train_step(model_def, tx, c.train).lower(*args).as_text()
+    count = lambda text: text.count('sharding_constraint') + text.count('@Sharding')  # Shardy or GSPMD lowering
+    print(count(sharded), count(plain))
+  '''
+  sharded, plain = map(int, run_with_devices(8, code).split())
+  assert plain == 0
+  assert sharded >= 3 + 2  # embeddings, each of the 3 blocks and the logits (backward passes add more)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('arch', ARCHES)
 def test_every_arch_under_every_mesh_matches_one_device(arch):

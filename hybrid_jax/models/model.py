@@ -14,6 +14,7 @@ from flax import nnx
 from hybrid_jax.models import pattern
 from hybrid_jax.models.layers import RMSNorm, SwiGLU, dtype_of, param
 from hybrid_jax.models.mixers import make_mixer
+from hybrid_jax.parallel import activations
 
 _REMAT_POLICIES = {
     'full': jax.checkpoint_policies.nothing_saveable,
@@ -34,7 +35,7 @@ class Block(nnx.Module):
 
   def __call__(self, x, positions):
     x = x + self.mixer(self.mixer_norm(x), positions).astype(x.dtype)
-    return x + self.mlp(self.mlp_norm(x)).astype(x.dtype)
+    return activations.constrain(x + self.mlp(self.mlp_norm(x)).astype(x.dtype), activations.RESIDUAL)
 
   def decode(self, x, where, state, *, prefill: bool):
     """Prefill (x [B,T,d] at positions `where`) or one step (x [B,1,d] at position `where`), with mixer state."""
@@ -109,7 +110,7 @@ class HybridLM(nnx.Module):
     """Final-norm hidden states [B, T, d_model] for int tokens [B, T]."""
     if positions is None:
       positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+    x = activations.constrain(jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype), activations.RESIDUAL)
     if self.scan_layers:
       graphdef, stacked = nnx.split(self.cycles)
       body = functools.partial(_apply_pure, graphdef)
@@ -123,7 +124,7 @@ class HybridLM(nnx.Module):
   def __call__(self, tokens, positions=None):
     """Logits [B, T, vocab] (compute dtype) for int tokens [B, T]."""
     h = self.hidden_states(tokens, positions)
-    return h @ self.lm_head[...].astype(self.dtype)
+    return activations.constrain(h @ self.lm_head[...].astype(self.dtype), activations.LOGITS)
 
   # ------------------------------------------------------------------------------------------- decoding
   def init_decode_state(self, batch: int, max_len: int) -> dict:

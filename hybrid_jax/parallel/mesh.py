@@ -100,11 +100,13 @@ def param_layouts(model_def, rules: dict, mesh_shape_: dict) -> list[ParamLayout
 
 @dataclasses.dataclass(frozen=True)
 class TrainShardings:
-  """Shardings of the train state {'step', 'params', 'opt_state'}, of a batch, and the replicated one."""
+  """Shardings of the train state {'step', 'params', 'opt_state'}, of a batch, and the replicated one; `rules`
+  also lay out the activations while the step is traced (hybrid_jax.parallel.activations)."""
   mesh: Mesh
   state: dict
   batch: NamedSharding
   replicated: NamedSharding
+  rules: dict = dataclasses.field(default_factory=dict)
 
 
 def param_shardings(model_def, mesh: Mesh, rules: dict):
@@ -139,7 +141,7 @@ def train_shardings(model_def, tx, mesh: Mesh, rules: dict) -> TrainShardings:
            'opt_state': _opt_state_shardings(abstract_opt, abstract_params, p_shardings, replicated)}
   batch_axes = tuple(a for a in rules.get('batch', ()) if mesh.shape[a] > 1)
   batch = NamedSharding(mesh, P(batch_axes or None))
-  return TrainShardings(mesh, state, batch, replicated)
+  return TrainShardings(mesh, state, batch, replicated, rules)
 
 
 def batch_shards(mesh: Mesh, rules: dict) -> int:

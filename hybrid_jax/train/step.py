@@ -3,9 +3,13 @@
 Losses, log-partition terms and per-position statistics are float32 regardless of the compute dtype.
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import optax
+
+from hybrid_jax.parallel import activations
 
 
 def token_nll(logits, targets):
@@ -14,6 +18,13 @@ def token_nll(logits, targets):
   log_z = jax.nn.logsumexp(logits, axis=-1)
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   return log_z - target_logit, log_z
+
+
+def _activation_layouts(shardings):
+  """Activation sharding constraints while tracing a sharded step; nothing for an unsharded one."""
+  if shardings is None or not shardings.rules:
+    return contextlib.nullcontext()
+  return activations.sharded(shardings.mesh, shardings.rules)
 
 
 def make_train_step(model_def, tx, train_cfg, shardings=None):
@@ -25,7 +36,8 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
   accum, z_weight = int(train_cfg.grad_accum), float(train_cfg.z_loss)
 
   def loss_fn(params, batch):
-    logits = model_def.bind(params)(batch['inputs'])
+    with _activation_layouts(shardings):
+      logits = model_def.bind(params)(batch['inputs'])
     nll, log_z = token_nll(logits, batch['targets'])
     loss = jnp.mean(nll)
     total = loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss
@@ -62,7 +74,8 @@ def make_eval_step(model_def, shardings=None):
   """Jitted (params, batch) -> per-position summed NLL [T] and token count per position [T]."""
 
   def eval_step(params, batch):
-    logits = model_def.bind(params)(batch['inputs'])
+    with _activation_layouts(shardings):
+      logits = model_def.bind(params)(batch['inputs'])
     nll, _ = token_nll(logits, batch['targets'])
     return jnp.sum(nll, axis=0), jnp.full((nll.shape[1],), nll.shape[0], jnp.float32)
 
