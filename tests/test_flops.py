@@ -8,8 +8,6 @@ the trip count, which the delta-rule check accounts for explicitly.
 
 import jax
 import jax.numpy as jnp
-import ml_collections
-import numpy as np
 import pytest
 from flax import nnx
 

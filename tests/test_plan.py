@@ -4,7 +4,6 @@ import shlex
 
 import pytest
 
-from hybrid_jax.config import ConfigError
 from hybrid_jax.study import plan
 from tests.conftest import ROOT
 
@@ -51,7 +50,8 @@ def test_overrides_totals_and_launch_list(tmp_path):
 
 def test_sweep_file_and_cli(tmp_path, capsys):
   sweep = tmp_path / 'sweep.py'
-  sweep.write_text(f"def runs(name):\n  assert name == 'mini'\n  return [{TINY!r}, {TINY.replace('swa128_nope', 'gdn')!r}]\n")
+  gdn = TINY.replace('swa128_nope', 'gdn')
+  sweep.write_text(f"def runs(name):\n  assert name == 'mini'\n  return [{TINY!r}, {gdn!r}]\n")
   out = tmp_path / 'launch.txt'
   assert plan.main(['--sweep', f'{sweep}:mini', '--tflops', '100', '--mfu', '0.5', '--launch-list', str(out)]) == 0
   lines = out.read_text().splitlines()

@@ -149,7 +149,7 @@ def launch_lines(plan: dict) -> list[str]:
 
 
 def _si(x):
-  for unit, scale in (('E', 1e18), ('P', 1e15), ('T', 1e12), ('G', 1e9), ('M', 1e6), ('k', 1e3)):
+  for unit, scale in (('Z', 1e21), ('E', 1e18), ('P', 1e15), ('T', 1e12), ('G', 1e9), ('M', 1e6), ('k', 1e3)):
     if abs(x) >= scale:
       return f'{x / scale:.3g}{unit}'
   return f'{x:.3g}'
