@@ -2,7 +2,7 @@
 
 `Requests` holds the harness-independent logic (and is tested without the harness); `make_lm` wraps it in an
 `lm_eval.api.model.LM` subclass when the optional `lm_eval` package is installed (`pip install
-'hybrid_jax[lmeval]'`; it pulls torch and transformers, which nothing else here needs).
+'hybrid_jax[eval]'`; from 0.4.13 the harness runs without torch or transformers).
 
 Conventions follow the harness's own models: an empty context is conditioned on EOS; inputs longer than
 `max_length` lose tokens on the left; rolling log-likelihoods use disjoint windows (each token scored once,
@@ -80,7 +80,7 @@ def _import_lm_eval():
     import lm_eval  # pylint: disable=g-import-not-at-top
     from lm_eval.api.model import LM  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise NotInstalled("lm_eval tasks need lm-evaluation-harness: pip install 'hybrid_jax[lmeval]' "
+    raise NotInstalled("lm_eval tasks need lm-evaluation-harness: pip install 'hybrid_jax[eval]' "
                        f'(import failed: {e})') from e
   return lm_eval, LM
 
@@ -109,7 +109,8 @@ def evaluate(scorer: ModelScorer, tasks: Sequence[str], *, max_length: int, batc
              limit: int | None = None, include_path: str | None = None) -> dict:
   """{task: {metric: value}} from `lm_eval.simple_evaluate` on our model (`include_path`: local task YAMLs)."""
   lm_eval, _ = _import_lm_eval()
-  task_manager = lm_eval.tasks.TaskManager(include_path=include_path) if include_path else None
+  from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
+  task_manager = TaskManager(include_path=include_path) if include_path else None
   results = lm_eval.simple_evaluate(model=make_lm(scorer, max_length=max_length, batch_size=batch_size),
                                     tasks=list(tasks), limit=limit, random_seed=seed, numpy_random_seed=seed,
                                     task_manager=task_manager)
