@@ -78,8 +78,7 @@ def test_length_buckets_give_the_same_tokens():
   model_def, params = state_lib.init_model(cfg, 1)
   prompts = [list(range(1, 12)), list(range(20, 39)), [7] * 8]
   whole = Generator(model_def, params, bucket=1024).generate(prompts, max_new_tokens=5)
-  for bucket in (4, 8):
-    assert Generator(model_def, params, bucket=bucket).generate(prompts, max_new_tokens=5) == whole
+  assert Generator(model_def, params, bucket=8).generate(prompts, max_new_tokens=5) == whole  # 3, 3 and 0 steps
 
 
 def test_generation_stops_at_eos_and_at_stop_strings():

@@ -100,7 +100,9 @@ def test_scanned_params_carry_the_layers_axis():
   assert axes == ('layers', 'embed', 'heads', 'head_dim')
 
 
-@pytest.mark.parametrize('arch', ARCHES)
+# small_config sets window=16 for every arch, so swa512 / swa2048 repeat swa128 here: slow only.
+@pytest.mark.parametrize('arch', [pytest.param(a, marks=pytest.mark.slow) if a in ('swa512', 'swa2048') else a
+                                  for a in ARCHES])
 def test_causal(arch):
   cfg = small_config(arch).model
   _, params = state_lib.init_model(cfg, 0)
