@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The mini-study's GPU preset on the GPU machine (one H200): `python -m hybrid_jax study --preset gpu-small`, sized
+# for ~10 minutes (not yet measured there), writing the same report as the CPU preset.
+#
+# Prepare once on the development machine (.whl/ is git-ignored; the device lacks these packages, and numpy must
+# not be replaced there):
+#   mkdir -p .whl && cp ../shared/wheels/device/*.whl .whl/
+#   pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
+#     matplotlib tensorboardX tqdm sentencepiece && rm -f .whl/numpy-*.whl
+# Then, through the device tool:
+#   run(command="bash scripts/device/study_gpu.sh", carry=[".whl"], timeout_s=600)
+# Outputs under $OUT: env.txt, study.txt (log + findings), report.json, report.png. The study is time-boxed to
+# 540 s; a run cut short resumes from its checkpoints when the command is repeated on a warm machine.
+set -uo pipefail
+out="${OUT:-/tmp/study_out}"
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+else
+  echo "no .whl/*.whl: prepare .whl/ as the header of this script says, and carry it" >&2
+fi
+export PYTHONPATH="/tmp/site:$PWD"
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, jax.devices())'
+} > "$out/env.txt" 2>&1
+timeout 540 python3 -m hybrid_jax study --preset gpu-small --out /tmp/study_gpu_small > "$out/study.txt" 2>&1
+status=$?
+cp /tmp/study_gpu_small/report.json /tmp/study_gpu_small/report.png "$out/" 2>/dev/null
+cat "$out/env.txt"
+tail -n 40 "$out/study.txt"
+echo "study exit $status (124: timed out)"
+exit $status
