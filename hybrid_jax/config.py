@@ -29,15 +29,34 @@ class ConfigError(ValueError):
   """A config value is invalid; the message names the key, the value and what is allowed."""
 
 
+def key_parent(config, key: str, what: str):
+  """(parent ConfigDict, leaf name) of dotted `key`; ConfigError naming `what` (e.g. '--set model.x') if absent."""
+  *parents, leaf = key.split('.')
+  node = config
+  for part in parents:
+    if part not in node:
+      raise ConfigError(f'{what}: config.{part} does not exist')
+    node = node[part]
+  if leaf not in node:
+    raise ConfigError(f'{what}: config.{key} does not exist (keys are listed in configs/base.py)')
+  return node, leaf
+
+
+def load_python_file(path, kind: str):
+  """Executes the Python file at `path` as a fresh module (config and sweep files are code, not imports)."""
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise ConfigError(f'{kind} file {str(path)!r} does not exist')
+  module_spec = importlib.util.spec_from_file_location(f'_hybrid_jax_{kind}_{file.stem}', file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Loads `path/to/file.py[:arg]` the way absl's config_flags does, calling `get_config(arg)`."""
   path, _, arg = spec.partition(':')
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise ConfigError(f'config file {path!r} does not exist')
-  module_spec = importlib.util.spec_from_file_location(f'_hybrid_jax_config_{file.stem}', file)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  module = load_python_file(path, 'config')
   if not hasattr(module, 'get_config'):
     raise ConfigError(f'config file {path!r} defines no get_config(arg)')
   return module.get_config(arg or None)

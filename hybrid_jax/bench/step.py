@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_jax.bench import timing
-from hybrid_jax.config import ConfigError, load_config_file, validate
+from hybrid_jax.config import ConfigError, key_parent, load_config_file, validate
 from hybrid_jax.models import flops as flops_lib, pattern
 from hybrid_jax.models.layers import RMSNorm, dtype_of
 from hybrid_jax.models.model import _REMAT_POLICIES, Block
@@ -81,14 +81,7 @@ def load_config(spec, *, seq_len=None, batch_size=None, grad_accum=None, overrid
   for key, value in values:
     if value is None:
       continue
-    *parents, leaf = key.split('.')
-    node = config
-    for part in parents:
-      if part not in node:
-        raise ConfigError(f'--set {key}: config.{part} does not exist')
-      node = node[part]
-    if leaf not in node:
-      raise ConfigError(f'--set {key}: config.{key} does not exist (keys are listed in configs/base.py)')
+    node, leaf = key_parent(config, key, '--set')
     try:
       node[leaf] = value
     except TypeError as e:

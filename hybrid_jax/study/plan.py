@@ -17,14 +17,13 @@ writes one line per run, the hybrid_jax command that follows `--` in the launche
 """
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import re
 import shlex
 import sys
 
-from hybrid_jax.config import ConfigError, load_config_file, validate
+from hybrid_jax.config import ConfigError, key_parent, load_config_file, load_python_file, validate
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 
@@ -41,12 +40,7 @@ def _resolve_file(path: str) -> str:
 def sweep_runs(spec: str) -> list[str]:
   """The run strings of a sweep `FILE[:NAME]`: FILE's `runs(NAME)` (NAME None when absent)."""
   path, _, name = spec.partition(':')
-  file = pathlib.Path(_resolve_file(path))
-  if not file.is_file():
-    raise ConfigError(f'sweep file {path!r} does not exist')
-  module_spec = importlib.util.spec_from_file_location(f'_hybrid_jax_sweep_{file.stem}', file)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  module = load_python_file(_resolve_file(path), 'sweep')
   if not hasattr(module, 'runs'):
     raise ConfigError(f'sweep file {path!r} defines no runs(name) function')
   runs = list(module.runs(name or None))
@@ -56,14 +50,7 @@ def sweep_runs(spec: str) -> list[str]:
 
 
 def _set(config, key, text):
-  *parents, leaf = key.split('.')
-  node = config
-  for part in parents:
-    if part not in node:
-      raise ConfigError(f'override config.{key}: config.{part} does not exist')
-    node = node[part]
-  if leaf not in node:
-    raise ConfigError(f'override config.{key} does not exist (keys are listed in configs/base.py)')
+  node, leaf = key_parent(config, key, 'override')
   current = node[leaf]
   try:  # Parse the text as the type the key already has, the way absl's config flags do.
     if isinstance(current, bool):
