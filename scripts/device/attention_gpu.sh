@@ -11,18 +11,8 @@
 # (parity 240 s, bench 300 s) so the whole run fits one 600 s call; the bench prints each row as it finishes.
 set -uo pipefail
 out="${OUT:-/tmp/attention_out}"
-mkdir -p "$out"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-else
-  echo "no .whl/*.whl: copy ../shared/wheels/device/*.whl into .whl/ and carry it (the bench CLI needs them)" >&2
-fi
-export PYTHONPATH="/tmp/site:$PWD"
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, jax.devices())'
-} > "$out/env.txt" 2>&1
+source scripts/device/prepare.sh "$out" \
+  "copy ../shared/wheels/device/*.whl into .whl/ and carry it (the bench CLI needs them)"
 timeout 240 python3 scripts/device/attention_parity.py --json "$out/attention_parity.json" \
   > "$out/attention_parity.txt" 2>&1
 parity=$?

@@ -14,21 +14,13 @@
 # so a time-boxed phase still leaves its finished rows). Phases are time-boxed (parity 130 s, bench 200 s).
 set -uo pipefail
 out="${OUT:-/tmp/scan_out}"
-mkdir -p "$out"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-else
-  echo "no .whl/*.whl: see the header of this script (the bench needs the device wheels, fla needs its own)" >&2
-fi
-export PYTHONPATH="/tmp/site:$PWD"
+source scripts/device/prepare.sh "$out" \
+  "see the header of this script (the bench needs the device wheels, fla needs its own)"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # fla (torch) shares the GPU with JAX in the bench.
 {
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, jax.devices())'
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   python3 -c 'import fla; print("fla", fla.__version__)'
-} > "$out/env.txt" 2>&1
+} >> "$out/env.txt" 2>&1
 timeout 130 python3 -m hybrid_jax bench scan --parity-only --json "$out/scan_parity.json" \
   > "$out/scan_parity.txt" 2>&1
 parity=$?

@@ -23,19 +23,9 @@ py=python3
 if [[ "$dry" == 1 ]]; then
   py="${PYTHON:-python3}"
 else
-  if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  else
-    echo "no .whl/*.whl: copy ../shared/wheels/device/*.whl into .whl/ and carry it (the bench CLI needs them)" >&2
-  fi
-  export PYTHONPATH="/tmp/site:$PWD"
+  source scripts/device/prepare.sh "$out" \
+    "copy ../shared/wheels/device/*.whl into .whl/ and carry it (the bench CLI needs them)"
   export XLA_PYTHON_CLIENT_MEM_FRACTION=0.95  # One process per run: let it use the whole GPU.
-  {
-    date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    python3 -c 'import jax, jaxlib, flax; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "flax",
-                 flax.__version__, jax.devices())'
-  } > "$out/env.txt" 2>&1
   cat "$out/env.txt"
 fi
 

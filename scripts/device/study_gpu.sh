@@ -14,18 +14,7 @@
 # 540 s; a run cut short resumes from its checkpoints when the command is repeated on a warm machine.
 set -uo pipefail
 out="${OUT:-/tmp/study_out}"
-mkdir -p "$out"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-else
-  echo "no .whl/*.whl: prepare .whl/ as the header of this script says, and carry it" >&2
-fi
-export PYTHONPATH="/tmp/site:$PWD"
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, jax.devices())'
-} > "$out/env.txt" 2>&1
+source scripts/device/prepare.sh "$out" "prepare .whl/ as the header of this script says, and carry it"
 timeout 540 python3 -m hybrid_jax study --preset gpu-small --out /tmp/study_gpu_small > "$out/study.txt" 2>&1
 status=$?
 cp /tmp/study_gpu_small/report.json /tmp/study_gpu_small/report.png "$out/" 2>/dev/null
