@@ -209,14 +209,8 @@ delta.defvjp(_delta_fwd, _delta_bwd)
 def gated_delta_rule(backend, q, k, v, log_decay, beta, *, scale, initial_state, chunk_size, interpret,
                      block_v=None, min_chunk=16):
   """Contract of `hybrid_jax.kernels.gated_delta_rule` (arguments already validated by the api)."""
-  b, t, _, dk = q.shape
-  hv, dv = v.shape[2:]
   cfg = pc.make_cfg(backend, q, v, scale=scale, chunk_size=chunk_size, block_v=block_v, interpret=interpret,
                     min_chunk=min_chunk)
-  tp = -(-t // cfg.chunk) * cfg.chunk
-  # Zero padding (k = v = 0, g = 0, beta = 0) leaves the state unchanged; pad outputs are dropped.
-  lay = lambda x: pc.to_layout(cfg, pc.pad_time(x, tp))
-  s0 = jnp.zeros((b, hv, dk, dv), F32) if initial_state is None else initial_state.astype(F32)
-  o, final = delta(cfg, lay(q), lay(k), lay(v), pc.pad_time(log_decay.astype(F32), tp),
-                   pc.pad_time(beta.astype(F32), tp), s0)
-  return pc.from_layout(cfg, o)[:, :t], final
+  qp, kp, vp, tp, s0 = pc.padded_inputs(cfg, q, k, v, initial_state)  # g = beta = 0 in the padding
+  o, final = delta(cfg, qp, kp, vp, pc.pad_time(log_decay.astype(F32), tp), pc.pad_time(beta.astype(F32), tp), s0)
+  return pc.from_layout(cfg, o)[:, :q.shape[1]], final

@@ -322,6 +322,20 @@ def pad_time(x, tp):
   return jnp.pad(x, [(0, 0), (0, tp - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
+def padded_inputs(cfg, q, k, v, initial_state):
+  """q, k, v zero-padded to whole chunks in the backend's layout, the time padding, and the fp32 initial state.
+
+  Zero padding (k = v = 0, with the callers' gates and beta padded by zeros too) leaves the state unchanged, so
+  the padded outputs can simply be dropped.
+  """
+  b, t, _, dk = q.shape
+  hv, dv = v.shape[2:]
+  tp = -(-t // cfg.chunk) * cfg.chunk
+  lay = lambda x: to_layout(cfg, pad_time(x, tp))
+  s0 = jnp.zeros((b, hv, dk, dv), F32) if initial_state is None else initial_state.astype(F32)
+  return lay(q), lay(k), lay(v), tp, s0
+
+
 def _add_pairs(a, b):
   """(hi, lo) + (hi, lo) with the rounding error of hi + hi kept (TwoSum), renormalised."""
   (ah, al), (bh, bl) = a, b
