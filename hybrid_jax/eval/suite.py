@@ -69,10 +69,10 @@ def run_ppl(ctx: Context, subtasks) -> tuple[dict, list[Row]]:
   _no_subtasks('ppl', subtasks)
   config = ctx.run.config.copy_and_resolve_references()
   eval_step = step_lib.make_eval_step(ctx.run.model_def)
+  config.train.batch_size = ctx.settings.batch_size
   result, rows = {}, []
   for length in ctx.settings.context_lengths:
     config.data.seq_len = int(length)
-    config.train.batch_size = ctx.settings.batch_size
     batches = pipeline.make_eval_batches(config, ctx.settings.ppl_batches)
     r = perplexity.evaluate(eval_step, ctx.run.params, batches, buckets=config.eval.position_buckets)
     result[str(length)] = r
