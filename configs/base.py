@@ -98,6 +98,10 @@ def get_config(arg=None):
   t.weight_decay = 0.1  # Decoupled weight decay on matrices (not on norms).
   t.grad_clip = 1.0  # Global gradient-norm clip; 0 disables.
   t.z_loss = 0.0  # Weight of the z-loss (log partition function squared); 0 disables.
+  # Positions per chunk of the LM head + loss (train step and held-out eval): the [batch, seq, vocab] logits are
+  # then never held at once, at the cost of recomputing each chunk's logits in the backward pass. 0 = whole
+  # sequence. Study scales use 2048 (8 x 16K x 73K-vocab logits would be 38 GB in float32).
+  t.loss_chunk = 0
   t.log_every = 10  # Steps between metric writes.
   t.eval_every = 100  # Steps between held-out evaluations; 0 = only at the end.
   t.eval_batches = 4  # Held-out batches per evaluation.

@@ -84,7 +84,7 @@ _STUDY = dict(
     model=dict(num_kv_heads=2, head_dim=64, vocab_size=STUDY_VOCAB, dtype='bfloat16', scan_layers=True),
     data=dict(seq_len=16_384),
     train=dict(batch_size=64, lr=1e-3, warmup_steps=1000, steps=10_000, checkpoint_every=1000,
-               eval_every=1000, log_every=50),
+               eval_every=1000, log_every=50, loss_chunk=2048),
 )
 
 

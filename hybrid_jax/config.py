@@ -195,9 +195,9 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in ('train.weight_decay', 'train.grad_clip', 'train.z_loss', 'train.eval_every', 'train.eps',
               'train.peak_tflops'):
     _nonneg_number(c, key)
-  for key in ('train.retrieval_probe_every', 'train.retrieval_probe_length'):
+  for key in ('train.retrieval_probe_every', 'train.retrieval_probe_length', 'train.loss_chunk'):
     if isinstance(_get(c, key), bool) or not isinstance(_get(c, key), int) or _get(c, key) < 0:
-      _fail(key, _get(c, key), 'must be an integer >= 0 (0 = off / data.seq_len)')
+      _fail(key, _get(c, key), 'must be an integer >= 0 (0 = off / data.seq_len / whole sequence)')
   _positive_int(c, 'train.retrieval_probe_samples')
   if not isinstance(_get(c, 'train.init_from'), str):
     _fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")

@@ -17,10 +17,11 @@ SMALL = ['--set', 'model.d_model=32', '--set', 'model.num_layers=2', '--set', 'm
 
 def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
   """One scanned (2 cycles of [SWA, full]), rematerialised, gradient-accumulated step: the JSON, the model-FLOP
-  arithmetic and a breakdown row per layer kind."""
+  arithmetic and a profiled breakdown row per block kind and part."""
   out = tmp_path / 'step.json'
   argv = ['--config', f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', '--seq_len', '64',
-          '--batch_size', '4', '--grad_accum', '2', '--steps', '2', '--breakdown-repeats', '1', *SMALL,
+          '--batch_size', '4', '--grad_accum', '2', '--steps', '2', '--profile-steps', '1',
+          '--trace-dir', str(tmp_path / 'trace'), *SMALL,
           '--set', 'model.num_layers=4', '--set', 'model.scan_layers=True', '--set', 'model.remat=save_dots',
           '--json', str(out)]
   assert bench_step.main(argv) == 0
@@ -37,14 +38,17 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
   assert s['tokens_per_s'] == pytest.approx(4 * 64 / s['step_s_median'])
   assert s['tflops_per_device'] == pytest.approx(s['model_flops_per_step'] / s['step_s_median'] / 1e12)
   assert s['memory_bytes_per_device']['compiled_peak'] > 0
-  rows = result['breakdown']['rows']
-  assert [(r['part'], r['layers']) for r in rows] == [('swa(w=16)', 2), ('full', 2), ('lm_head+loss', 1)]
-  assert result['breakdown']['micro_batch'] == 2
-  for r in rows:
-    assert r['ms_per_step'] == pytest.approx(r['ms_per_layer'] * r['layers'] * 2)
+  b = s['breakdown']
+  rows = {r['part']: r for r in b['parts']}
+  blocks = {'block_swa_w16/mixer', 'block_swa_w16/mlp', 'block_full/mixer', 'block_full/mlp'}
+  assert blocks | {'lm_head', 'loss', 'optimizer'} <= set(rows)
+  assert all(rows[p]['layers'] == 2 and rows[p]['model_tflops'] > 0 for p in blocks)
+  assert sum(r['share'] for r in b['parts']) == pytest.approx(1.0)
+  assert sum(r['ms_per_step'] for r in b['parts']) == pytest.approx(b['op_ms_per_step'])
+  assert b['trace'].startswith(str(tmp_path / 'trace'))
   assert set(result['model_flops_by_kind']) == {'swa', 'full', 'lm_head'}
   text = capsys.readouterr().out
-  assert 'tokens/s' in text and '| swa(w=16) | 2 |' in text and 'rest' in text
+  assert 'tokens/s' in text and '| block_swa_w16/mixer | 2 |' in text
 
 
 def test_dry_run_compiles_nothing(capsys):

@@ -95,6 +95,45 @@ def test_z_loss_adds_the_squared_log_partition():
   assert float(jnp.mean(log_z ** 2)) > 1.0
 
 
+@pytest.mark.parametrize('chunk', [16, 24])  # 24 does not divide the 64-token sequence: the last chunk is padded.
+def test_chunked_loss_matches_the_whole_sequence_loss_and_its_gradients(chunk):
+  cfg = small_config('gdn')
+  model_def, params = state_lib.init_model(cfg.model, 0)
+  batch = _batch(cfg)
+
+  def objective(params, chunk):
+    nll, log_z = step_lib.sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], chunk)
+    return jnp.mean(nll) + 1e-2 * jnp.mean(log_z ** 2), (nll, log_z)
+
+  (whole, (nll, log_z)), g_whole = jax.jit(jax.value_and_grad(objective, has_aux=True), static_argnums=1)(params, 0)
+  (chunked, (nll_c, log_z_c)), g_chunked = jax.jit(jax.value_and_grad(objective, has_aux=True),
+                                                   static_argnums=1)(params, chunk)
+  direct, _ = step_lib.token_nll(model_def.bind(params)(batch['inputs']), batch['targets'])
+  np.testing.assert_allclose(nll, direct, rtol=1e-6)
+  np.testing.assert_allclose(nll_c, nll, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(log_z_c, log_z, rtol=1e-5, atol=1e-6)
+  assert float(chunked) == pytest.approx(float(whole), rel=1e-6)
+  for a, b in zip(jax.tree.leaves(g_chunked), jax.tree.leaves(g_whole)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_chunked_loss_never_holds_the_whole_logits():
+  """Compiled temporaries of the train step shrink by about the logits (and their gradient) when chunked."""
+  cfg = small_config(vocab_size=8192)
+  cfg.data.seq_len, cfg.train.batch_size = 256, 2
+  model_def, params = state_lib.init_model(cfg.model, 0)
+  tx = optim.make_optimizer(cfg.train)
+  state = jax.eval_shape(lambda: state_lib.init_train_state(params, tx))
+  batch = jax.eval_shape(lambda: _batch(cfg))
+  temp = {}
+  for chunk in (0, 32):
+    cfg.train.loss_chunk = chunk
+    compiled = step_lib.make_train_step(model_def, tx, cfg.train).lower(state, batch).compile()
+    temp[chunk] = compiled.memory_analysis().temp_size_in_bytes
+  logits_bytes = 2 * 256 * 8192 * 4
+  assert temp[32] < temp[0] - logits_bytes  # Whole: logits and their gradient; chunked: one 32-position slice.
+
+
 def test_bfloat16_training_step_is_finite_and_keeps_float32_state():
   cfg = small_config(dtype='bfloat16')
   model_def, tx, state = _setup(cfg)

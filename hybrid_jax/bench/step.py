@@ -11,34 +11,31 @@ median of `--steps` device-synchronised steps after one warm-up step. FLOPs are 
 for hybrids. XLA's own count of the compiled step is reported beside it for reference: it includes remat
 recompute, the optimizer and elementwise work, and counts a loop body (scanned layers, scan-over-chunks) once.
 
-Breakdown by layer kind: each distinct block (e.g. the SWA block and the full block) is compiled and timed
-*in isolation* (forward + backward of one block on a micro-batch of the step's shape, same remat policy), as is
-the final norm + LM head + loss; times are multiplied by the layer counts. The rest of the step (embedding,
-optimizer update, glue, and any difference between isolated and in-step cost) is reported as 'rest'. This is
-not a profile: fusion across blocks and scan overheads land in 'rest', and shared-machine noise affects each
-measurement separately.
+Breakdown by part: `--profile-steps` further steps run under jax.profiler, and each traced operation's time goes
+to the named scope it was compiled from (hybrid_jax.bench.profile): every block kind's mixer and MLP (backward
+and remat recompute included), embedding, final norm, LM head, loss, optimizer, and 'other' (layer-scan slicing,
+copies). Each part also gets its model TFLOP/s, so a slow mixer kernel stands out.
 """
 
 import argparse
 import ast
+import collections
+import contextlib
 import datetime
 import json
 import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from hybrid_jax.bench import timing
+from hybrid_jax.bench import profile
 from hybrid_jax.config import ConfigError, key_parent, load_config_file, validate
 from hybrid_jax.models import flops as flops_lib, pattern
-from hybrid_jax.models.layers import RMSNorm, dtype_of
-from hybrid_jax.models.model import _REMAT_POLICIES, Block
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import metrics, optim, state as state_lib, step as step_lib
 
@@ -52,13 +49,17 @@ def _parse(argv):
   p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                  help='any config override, repeatable, e.g. --set model.remat=full --set model.scan_layers=False')
   p.add_argument('--steps', type=int, default=5, help='timed steady steps (after one warm-up step)')
-  p.add_argument('--no-breakdown', action='store_true', help='skip the per-layer-kind isolated timings')
-  p.add_argument('--breakdown-repeats', type=int, default=3, help='timed runs of each isolated block')
+  p.add_argument('--profile-steps', type=int, default=2,
+                 help='steps traced by the profiler for the breakdown by part (0 = no breakdown)')
+  p.add_argument('--trace-dir', help='keep the profiler trace here (viewable in TensorBoard / Perfetto); '
+                 'default: a temporary directory, deleted afterwards')
   p.add_argument('--json', metavar='OUT', help='write the full result to this JSON file')
   p.add_argument('--dry-run', action='store_true', help='validate the config and print its model FLOPs; no compile')
   args = p.parse_args(argv)
   if args.steps < 1:
     p.error('--steps must be >= 1')
+  if args.profile_steps < 0:
+    p.error('--profile-steps must be >= 0')
   return args
 
 
@@ -98,8 +99,11 @@ def _device_peak_bytes():
   return int(stats['peak_bytes_in_use']) if stats and 'peak_bytes_in_use' in stats else None
 
 
-def measure_step(config, steps: int) -> dict:
-  """Compile the sharded train step, run 1 + `steps` steps on random tokens, and report times and memory."""
+def measure_step(config, steps: int, profile_steps: int = 0, trace_dir: str = '') -> dict:
+  """Compile the sharded train step, run 1 + `steps` steps on random tokens, and report times and memory.
+
+  With `profile_steps` > 0, that many further steps run under the profiler for the breakdown by part.
+  """
   t, seq_len = config.train, config.data.seq_len
   mesh = mesh_lib.make_mesh(config.parallel)
   model_def = state_lib.make_model_def(config.model)
@@ -149,79 +153,43 @@ def measure_step(config, steps: int) -> dict:
       'devices': jax.device_count(), 'mesh': dict(mesh.shape),
   }
   result.update(metrics.throughput(flops_per_step, step_s, jax.device_count(), peak))
+  if profile_steps:
+    result['breakdown'] = measure_breakdown(config, compiled, state, batch, profile_steps, trace_dir)
   del state
   return result
 
 
-def _block_kinds(cfg):
-  """Distinct layer specs of the stack, in order of first appearance, with how many layers each has."""
-  specs = {}
+def _part_flops(cfg, seq_len: int, tokens_per_step: int) -> dict[str, float]:
+  """Model training FLOPs per step of each profiled part: blocks by scope and mixer/mlp, and the LM head."""
+  out = {}
   for i in range(cfg.num_layers):
     spec = pattern.layer_spec(cfg, i)
-    key = (spec.kind, spec.window, spec.rope, spec.full_kv_heads, spec.decay_scale)
-    specs.setdefault(key, [spec, 0])[1] += 1
-  return list(specs.values())
+    layer = flops_lib.layer_flops(cfg, spec, seq_len)
+    for sub in ('mixer', 'mlp'):
+      key = f'{spec.scope}/{sub}'
+      out[key] = out.get(key, 0.0) + flops_lib.TRAIN_MULTIPLIER * layer[sub] * tokens_per_step / seq_len
+  out['lm_head'] = flops_lib.TRAIN_MULTIPLIER * 2 * cfg.d_model * cfg.vocab_size * tokens_per_step
+  return out
 
 
-def _label(spec):
-  return f'{spec.kind}(w={spec.window})' if spec.window else spec.kind
+def measure_breakdown(config, compiled, state, batch, steps: int, trace_dir: str) -> dict:
+  """Profiles `steps` train steps and splits their operation time by part (hybrid_jax.bench.profile)."""
+  def one_step(compiled, args):
+    state, batch = args
+    state, m = compiled(state, batch)
+    float(m['loss'])
+    return state, batch
 
-
-def _fwd_bwd(apply, remat):
-  """(params, x, dy) -> (value, grads w.r.t. params and x) of sum(apply(params, x) * dy), under the remat policy."""
-  if remat != 'none':
-    apply = jax.checkpoint(apply, policy=_REMAT_POLICIES[remat])
-  return jax.value_and_grad(lambda p, x, dy: jnp.sum(apply(p, x).astype(jnp.float32) * dy), argnums=(0, 1))
-
-
-def measure_breakdown(config, repeats: int) -> dict:
-  """Isolated forward + backward time of each layer kind's block and of the LM head, on one micro-batch."""
-  cfg, t = config.model, config.train
-  micro, seq_len = t.batch_size // t.grad_accum, config.data.seq_len
-  dt = dtype_of(cfg.dtype)
-  keys = jax.random.split(jax.random.key(0), 3)
-  x = jax.random.normal(keys[0], (micro, seq_len, cfg.d_model), dt)
-  dy = jax.random.normal(keys[1], (micro, seq_len, cfg.d_model), jnp.float32)
-  positions = jnp.arange(seq_len, dtype=jnp.int32)
-  rows = []
-  for spec, count in _block_kinds(cfg):
-    graphdef, params = nnx.split(Block(cfg, spec, rngs=nnx.Rngs(0)))
-    fn = _fwd_bwd(lambda p, x, g=graphdef: nnx.merge(g, p)(x, positions), cfg.remat)
-    compile_s, ms = timing.timed(fn, (params, x, dy), repeats, 0.0)
-    block_flops = flops_lib.TRAIN_MULTIPLIER * flops_lib.layer_flops(cfg, spec, seq_len)['total'] * micro
-    rows.append({'part': _label(spec), 'layers': count, 'ms_per_layer': ms, 'compile_s': compile_s,
-                 'model_flops_per_layer': block_flops, 'tflops': block_flops / ms / 1e9})
-    del params
-
-  norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=dtype_of(cfg.param_dtype), dtype=dt)
-  head = {'norm': nnx.split(norm)[1],
-          'w': 0.02 * jax.random.normal(keys[2], (cfg.d_model, cfg.vocab_size), dtype_of(cfg.param_dtype))}
-  norm_def = nnx.split(norm)[0]
-  targets = jnp.zeros((micro, seq_len), jnp.int32)
-
-  def head_loss(p, x, targets):
-    logits = nnx.merge(norm_def, p['norm'])(x) @ p['w'].astype(dt)
-    return jnp.mean(step_lib.token_nll(logits, targets)[0])
-
-  fn = jax.value_and_grad(head_loss, argnums=(0, 1))
-  compile_s, ms = timing.timed(fn, (head, x, targets), repeats, 0.0)
-  head_flops = flops_lib.TRAIN_MULTIPLIER * 2 * micro * seq_len * cfg.d_model * cfg.vocab_size
-  rows.append({'part': 'lm_head+loss', 'layers': 1, 'ms_per_layer': ms, 'compile_s': compile_s,
-               'model_flops_per_layer': head_flops, 'tflops': head_flops / ms / 1e9})
-  for row in rows:
-    row['ms_per_step'] = row['ms_per_layer'] * row['layers'] * t.grad_accum
-  return {'method': 'isolated fwd+bwd per layer kind on one micro-batch, times layer count and grad_accum',
-          'micro_batch': micro, 'rows': rows}
-
-
-def _add_rest(breakdown, step_s):
-  rows = breakdown['rows']
-  total_ms = 1e3 * step_s
-  accounted = sum(r['ms_per_step'] for r in rows)
-  for r in rows:
-    r['share'] = r['ms_per_step'] / total_ms
-  breakdown['rest_ms'] = total_ms - accounted
-  breakdown['rest_share'] = breakdown['rest_ms'] / total_ms
+  result, _ = profile.profile_compiled(compiled, (state, batch), steps, trace_dir, one_step)
+  cfg, seq_len = config.model, config.data.seq_len
+  layers = collections.Counter(pattern.layer_spec(cfg, i).scope for i in range(cfg.num_layers))
+  part_flops = _part_flops(cfg, seq_len, config.train.batch_size * seq_len)
+  for row in result['parts']:
+    block = row['part'].split('/')[0]
+    row['layers'] = layers.get(block, 0)
+    if row['part'] in part_flops:
+      row['model_tflops'] = part_flops[row['part']] / jax.device_count() / (row['ms_per_step'] / 1e3) / 1e12
+  return result
 
 
 def report(result) -> str:
@@ -232,7 +200,8 @@ def report(result) -> str:
   mfu = f"{100 * s['mfu']:.1f}%" if 'mfu' in s else 'n/a (peak unknown for this device; see train.peak_tflops)'
   lines = [
       f"{c['name']}: {c['seq_len']} tokens x {c['batch_size']} sequences (grad_accum {c['grad_accum']}), "
-      f"remat {c['remat']}, scan_layers {c['scan_layers']}, dtype {c['dtype']}, on {result['meta']['device_kind']}",
+      f"remat {c['remat']}, scan_layers {c['scan_layers']}, loss_chunk {c['loss_chunk']}, dtype {c['dtype']}, "
+      f"on {result['meta']['device_kind']}",
       f"compile {s['compile_s']:.1f} s, first step {s['first_step_s']:.2f} s, steady step {s['step_s_median']:.3f} s "
       f"(median of {len(s['step_s_all'])})",
       f"{s['tokens_per_s']:,.0f} tokens/s, {s['tflops_per_device']:.4g} model TFLOP/s per device, MFU {mfu}",
@@ -242,15 +211,14 @@ def report(result) -> str:
       f"memory per device: compiled peak {gib(mem['compiled_peak'])} (arguments {gib(mem['arguments'])}, "
       f"temporaries {gib(mem['temporaries'])}), device peak in use {gib(mem['device_peak_in_use'])}",
   ]
-  b = result.get('breakdown')
+  b = s.get('breakdown')
   if b:
-    lines += ['', f"breakdown ({b['method']}; micro-batch {b['micro_batch']}):", '',
-              '| part | layers | ms / layer | ms / step | share of step | model TFLOP/s |',
-              '| --- | ---: | ---: | ---: | ---: | ---: |']
-    for r in b['rows']:
-      lines.append(f"| {r['part']} | {r['layers']} | {r['ms_per_layer']:.2f} | {r['ms_per_step']:.1f} | "
-                   f"{100 * r['share']:.1f}% | {r['tflops']:.4g} |")
-    lines.append(f"| rest (embedding, optimizer, glue) | | | {b['rest_ms']:.1f} | {100 * b['rest_share']:.1f}% | |")
+    lines += ['', f"breakdown ({b['method']}; {b['steps']} steps, {b['op_ms_per_step']:.1f} ms of operations per "
+              f"step):", '', '| part | layers | ms / step | share | model TFLOP/s |', '| --- | ---: | ---: | ---: | ---: |']
+    for r in b['parts']:
+      tflops = f"{r['model_tflops']:.4g}" if 'model_tflops' in r else ''
+      lines.append(f"| {r['part']} | {r['layers'] or ''} | {r['ms_per_step']:.2f} | {100 * r['share']:.1f}% | "
+                   f"{tflops} |")
   return '\n'.join(lines)
 
 
@@ -264,15 +232,18 @@ def run(args) -> dict:
   m = config.model
   summary = {'name': config.name, 'arch': m.arch, 'scale': m.scale, 'seq_len': config.data.seq_len,
              'batch_size': config.train.batch_size, 'grad_accum': config.train.grad_accum, 'remat': m.remat,
+             'loss_chunk': config.train.loss_chunk,
              'scan_layers': m.scan_layers, 'dtype': m.dtype, 'attention_implementation': m.attention_implementation,
              'recurrent_implementation': m.recurrent_implementation, 'overrides': list(args.set)}
-  result = {'meta': meta, 'config': summary, 'step': measure_step(config, args.steps),
+  with contextlib.ExitStack() as stack:
+    trace_dir = args.trace_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix='hybrid_jax_trace_'))
+    step = measure_step(config, args.steps, args.profile_steps, trace_dir)
+  if args.trace_dir is None and 'breakdown' in step:
+    step['breakdown']['trace'] = None  # Deleted with its temporary directory.
+  result = {'meta': meta, 'config': summary, 'step': step,
             'model_flops_by_kind': {k: {'layers': v['layers'], 'forward_per_token': v['forward_per_token'],
                                         'share': v['share']}
                                     for k, v in flops_lib.model_flops(m, config.data.seq_len)['by_kind'].items()}}
-  if not args.no_breakdown:
-    result['breakdown'] = measure_breakdown(config, args.breakdown_repeats)
-    _add_rest(result['breakdown'], result['step']['step_s_median'])
   meta['load_average_end'] = os.getloadavg()[0]
   return result
 
@@ -286,7 +257,8 @@ def main(argv=None) -> int:
       config = load_config(args.config, seq_len=args.seq_len, batch_size=args.batch_size,
                            grad_accum=args.grad_accum, overrides=args.set)
       print(f'{config.name}: config valid ({config.data.seq_len} x {config.train.batch_size}, grad_accum '
-            f'{config.train.grad_accum}, remat {config.model.remat}, scan_layers {config.model.scan_layers})')
+            f'{config.train.grad_accum}, remat {config.model.remat}, scan_layers {config.model.scan_layers}, '
+            f'loss_chunk {config.train.loss_chunk})')
       print(flops_lib.breakdown_markdown(config.model, config.data.seq_len))
       return 0
     result = run(args)

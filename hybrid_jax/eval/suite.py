@@ -68,7 +68,7 @@ def run_ppl(ctx: Context, subtasks) -> tuple[dict, list[Row]]:
   """Held-out loss and perplexity of the run's own eval split, with loss per position bucket."""
   _no_subtasks('ppl', subtasks)
   config = ctx.run.config.copy_and_resolve_references()
-  eval_step = step_lib.make_eval_step(ctx.run.model_def)
+  eval_step = step_lib.make_eval_step(ctx.run.model_def, loss_chunk=ctx.run.config.train.loss_chunk)
   config.train.batch_size = ctx.settings.batch_size
   result, rows = {}, []
   for length in ctx.settings.context_lengths:

@@ -32,10 +32,16 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
     self.mlp = SwiGLU(cfg.d_model, cfg.d_ff, std=cfg.init_std, out_std=cfg.init_std / (2 * cfg.num_layers) ** 0.5,
                       param_dtype=pdt, dtype=dt, rngs=rngs)
+    self.scope = spec.scope
 
   def __call__(self, x, positions):
-    x = x + self.mixer(self.mixer_norm(x), positions).astype(x.dtype)
-    return activations.constrain(x + self.mlp(self.mlp_norm(x)).astype(x.dtype), activations.RESIDUAL)
+    # Named scopes survive into the compiled program's op metadata: `bench step` attributes profiled time by them.
+    with jax.named_scope(self.scope):
+      with jax.named_scope('mixer'):
+        x = x + self.mixer(self.mixer_norm(x), positions).astype(x.dtype)
+      with jax.named_scope('mlp'):
+        x = x + self.mlp(self.mlp_norm(x)).astype(x.dtype)
+    return activations.constrain(x, activations.RESIDUAL)
 
   def decode(self, x, where, state, *, prefill: bool):
     """Prefill (x [B,T,d] at positions `where`) or one step (x [B,1,d] at position `where`), with mixer state."""
@@ -110,7 +116,9 @@ class HybridLM(nnx.Module):
     """Final-norm hidden states [B, T, d_model] for int tokens [B, T]."""
     if positions is None:
       positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    x = activations.constrain(jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype), activations.RESIDUAL)
+    with jax.named_scope('embed'):
+      x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+    x = activations.constrain(x, activations.RESIDUAL)
     if self.scan_layers:
       graphdef, stacked = nnx.split(self.cycles)
       body = functools.partial(_apply_pure, graphdef)
@@ -119,12 +127,17 @@ class HybridLM(nnx.Module):
       x, _ = jax.lax.scan(lambda h, s: (body(s, h, positions), None), x, stacked)
     for block in self.tail:
       x = self._run(block, x, positions)
-    return self.final_norm(x)
+    with jax.named_scope('final_norm'):
+      return self.final_norm(x)
+
+  def logits(self, h):
+    """Logits [..., vocab] (compute dtype) of final hidden states `h` [..., d_model]."""
+    with jax.named_scope('lm_head'):
+      return activations.constrain(h @ self.lm_head[...].astype(self.dtype), activations.LOGITS)
 
   def __call__(self, tokens, positions=None):
     """Logits [B, T, vocab] (compute dtype) for int tokens [B, T]."""
-    h = self.hidden_states(tokens, positions)
-    return activations.constrain(h @ self.lm_head[...].astype(self.dtype), activations.LOGITS)
+    return self.logits(self.hidden_states(tokens, positions))
 
   # ------------------------------------------------------------------------------------------- decoding
   def init_decode_state(self, batch: int, max_len: int) -> dict:
@@ -151,8 +164,7 @@ class HybridLM(nnx.Module):
     for block, layer_state in zip(self.tail, state['tail']):
       x, layer_state = block.decode(x, where, layer_state, prefill=prefill)
       new_state['tail'].append(layer_state)
-    logits = self.final_norm(x) @ self.lm_head[...].astype(self.dtype)
-    return logits, new_state
+    return self.logits(self.final_norm(x)), new_state
 
   def prefill(self, tokens, state):
     """Logits [B, T, vocab] of a prompt (positions 0..T-1) through the parallel path, and the filled state."""

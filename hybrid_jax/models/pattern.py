@@ -15,6 +15,11 @@ class LayerSpec:
   full_kv_heads: int = 0  # 'headwise' only: KV groups (and their query heads) that attend fully.
   decay_scale: float = 1.0  # 'lightning' only: MiniMax layer factor on the decay rates (1 when off).
 
+  @property
+  def scope(self) -> str:
+    """The block's named scope in compiled programs (e.g. 'block_swa_w128'), so a profile can tell kinds apart."""
+    return f'block_{self.kind}_w{self.window}' if self.window else f'block_{self.kind}'
+
 
 def layer_spec(model_cfg, index: int) -> LayerSpec:
   """The spec of layer `index` (0-based): kind = cycle[index % len(cycle)]."""

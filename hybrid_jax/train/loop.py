@@ -132,7 +132,7 @@ def train(config, workdir) -> dict:
     if t.init_from:
       state['params'] = _params_of_run(t.init_from, state['params'])
   train_step = step_lib.make_train_step(model_def, tx, t, shardings)
-  eval_step = step_lib.make_eval_step(model_def, shardings)
+  eval_step = step_lib.make_eval_step(model_def, shardings, t.loss_chunk)
   probe = callbacks.make_retrieval_probe(config, model_def, mesh)  # None unless train.retrieval_probe_every > 0.
 
   def global_eval_batches(n):

@@ -20,6 +20,39 @@ def token_nll(logits, targets):
   return log_z - target_logit, log_z
 
 
+def sequence_nll(model, tokens, targets, chunk: int = 0):
+  """(-log p(target), log Z) per token [B, T], in float32, for int tokens and targets [B, T].
+
+  With 0 < chunk < T the LM head and the loss run over `chunk` positions at a time under remat, so the
+  [B, T, vocab] logits never exist at once (at 8 x 16K tokens x 73K vocab they are 19 GB in bf16, 38 GB in
+  float32); the backward pass recomputes each chunk's logits, one extra LM-head matmul. T need not be a multiple
+  of `chunk` (the last chunk is padded, and the padding sliced off).
+  """
+  h = model.hidden_states(tokens)
+  batch, length = targets.shape
+  if not chunk or chunk >= length:
+    logits = model.logits(h)
+    with jax.named_scope('loss'):
+      return token_nll(logits, targets)
+  n = -(-length // chunk)
+  pad = n * chunk - length
+  if pad:
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  chunks = (h.reshape(batch, n, chunk, h.shape[-1]).swapaxes(0, 1), targets.reshape(batch, n, chunk).swapaxes(0, 1))
+
+  @jax.checkpoint
+  def one_chunk(h_and_targets):
+    h_c, targets_c = h_and_targets
+    logits = model.logits(h_c)
+    with jax.named_scope('loss'):
+      return token_nll(logits, targets_c)
+
+  nll, log_z = jax.lax.map(one_chunk, chunks)
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(batch, n * chunk)[:, :length]
+  return unchunk(nll), unchunk(log_z)
+
+
 def _activation_layouts(shardings):
   """Activation sharding constraints while tracing a sharded step; nothing for an unsharded one."""
   if shardings is None or not shardings.rules:
@@ -34,11 +67,11 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
   GSPMD inserts the collectives (data parallel, FSDP gathers, tensor-parallel reductions).
   """
   accum, z_weight = int(train_cfg.grad_accum), float(train_cfg.z_loss)
+  loss_chunk = int(train_cfg.loss_chunk)
 
   def loss_fn(params, batch):
     with _activation_layouts(shardings):
-      logits = model_def.bind(params)(batch['inputs'])
-    nll, log_z = token_nll(logits, batch['targets'])
+      nll, log_z = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk)
     loss = jnp.mean(nll)
     total = loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss
     return total, loss
@@ -59,9 +92,12 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
       zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
       (loss, grads), _ = jax.lax.scan(body, zeros, micro)
       loss, grads = jax.tree.map(lambda x: x / accum, (loss, grads))
-    updates, opt_state = tx.update(grads, state['opt_state'], params)
-    new_state = {'step': state['step'] + 1, 'params': optax.apply_updates(params, updates), 'opt_state': opt_state}
-    metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), 'param_norm': optax.global_norm(params)}
+    with jax.named_scope('optimizer'):
+      updates, opt_state = tx.update(grads, state['opt_state'], params)
+      new_params = optax.apply_updates(params, updates)
+    new_state = {'step': state['step'] + 1, 'params': new_params, 'opt_state': opt_state}
+    with jax.named_scope('metrics'):
+      metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), 'param_norm': optax.global_norm(params)}
     return new_state, metrics
 
   if shardings is None:
@@ -70,13 +106,15 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
                  out_shardings=(shardings.state, shardings.replicated))
 
 
-def make_eval_step(model_def, shardings=None):
-  """Jitted (params, batch) -> per-position summed NLL [T] and token count per position [T]."""
+def make_eval_step(model_def, shardings=None, loss_chunk: int = 0):
+  """Jitted (params, batch) -> per-position summed NLL [T] and token count per position [T].
+
+  `loss_chunk` as in `sequence_nll` (long contexts: the logits of a whole batch need not fit).
+  """
 
   def eval_step(params, batch):
     with _activation_layouts(shardings):
-      logits = model_def.bind(params)(batch['inputs'])
-    nll, _ = token_nll(logits, batch['targets'])
+      nll, _ = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk)
     return jnp.sum(nll, axis=0), jnp.full((nll.shape[1],), nll.shape[0], jnp.float32)
 
   if shardings is None:

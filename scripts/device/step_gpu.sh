@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The training-step tuning matrix of issue 10 on the GPU machine (one H200), in one go: swa128_nope, gdn and full at
 # S4 (then S3), 16K context, bf16, through `python -m hybrid_jax bench step`, varying remat (none / full /
-# save_dots), layer scan, and batch with gradient accumulation. Runs go in priority order under a global deadline
+# save_dots), layer scan, batch with gradient accumulation, the chunked LM head + loss and an XLA GPU flag. The
+# first three runs also profile two steps for the breakdown by part (block kind x mixer/MLP, LM head, loss,
+# optimizer). Runs go in priority order under a global deadline
 # (DEADLINE_S, default 470 s of runs) so the whole call fits one 600 s device command; a run that would start with
 # under 45 s left is skipped and listed as such.
 #
@@ -81,29 +83,38 @@ bench() {  # bench NAME PER_RUN_TIMEOUT_S ARGS...: one `bench step` run, time-bo
 S4=(--seq_len 16384 --steps 5)
 cfg() { echo "configs/hybrid.py:arch=$1,scale=$2"; }
 
-# 1-3: S4 baseline, batch 8, scanned layers, remat per block, with the per-layer-kind breakdown.
+# 1-3: S4 baseline, batch 8, scanned layers, remat per block, LM head + loss in 2048-position chunks (the study
+# default), with the profiled breakdown by part.
 for arch in full swa128_nope gdn; do
   bench "${arch}_s4_b8_remat-full" 150 --config "$(cfg $arch s4)" "${S4[@]}" --batch_size 8 --set model.remat=full
 done
 # 4-6: selective remat (keep matmul outputs): predicted faster than full remat by the recomputed forward (~25%).
 for arch in full swa128_nope gdn; do
   bench "${arch}_s4_b8_save-dots" 100 --config "$(cfg $arch s4)" "${S4[@]}" --batch_size 8 \
-    --set model.remat=save_dots --no-breakdown
+    --set model.remat=save_dots --profile-steps 0
 done
 # 7-9: S3, same settings as 4-6.
 for arch in full swa128_nope gdn; do
   bench "${arch}_s3_b8_save-dots" 90 --config "$(cfg $arch s3)" "${S4[@]}" --batch_size 8 \
-    --set model.remat=save_dots --no-breakdown
+    --set model.remat=save_dots --profile-steps 0
 done
 # 10: no remat (memory permitting): the upper bound of step speed.
 bench swa128_nope_s4_b8_remat-none 90 --config "$(cfg swa128_nope s4)" "${S4[@]}" --batch_size 8 \
-  --set model.remat=none --no-breakdown
+  --set model.remat=none --profile-steps 0
 # 11: batch 16 as 2 micro-batches of 8 (gradient accumulation): same per-token work, fewer optimizer updates.
 bench full_s4_b16_accum2_save-dots 100 --config "$(cfg full s4)" "${S4[@]}" --batch_size 16 --grad_accum 2 \
-  --set model.remat=save_dots --no-breakdown
+  --set model.remat=save_dots --profile-steps 0
 # 12: no layer scan: compile time against run 1 (scan keeps it flat in depth).
 bench full_s4_b8_remat-full_noscan 120 --config "$(cfg full s4)" "${S4[@]}" --batch_size 8 \
-  --set model.remat=full --set model.scan_layers=False --no-breakdown
+  --set model.remat=full --set model.scan_layers=False --profile-steps 0
+# 13: the whole-sequence loss (8 x 16K x 73K logits, 19 GB in bf16 plus float32 copies): predicted to need ~40 GB
+# more memory than run 4 and to be slightly faster (no recomputed LM-head forward); it may run out of memory.
+bench full_s4_b8_save-dots_loss-whole 100 --config "$(cfg full s4)" "${S4[@]}" --batch_size 8 \
+  --set model.remat=save_dots --set train.loss_chunk=0 --profile-steps 0
+# 14: cuBLAS instead of Triton for every matmul (XLA picks per shape by default).
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" \
+  bench full_s4_b8_save-dots_no-triton-gemm 100 --config "$(cfg full s4)" "${S4[@]}" --batch_size 8 \
+  --set model.remat=save_dots --profile-steps 0
 
 if [[ "$dry" != 1 ]]; then
   merge

@@ -1,0 +1,72 @@
+"""Profile attribution (hybrid_jax.bench.profile): HLO metadata parsing, scope names under transforms, and a real
+trace of a program whose parts differ a thousandfold in work."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hybrid_jax.bench import profile
+
+HLO = '''HloModule jit_step, entry_computation_layout={(f32[8,8]{1,0})->f32[8,8]{1,0}}
+
+%fused_computation.1 (param_0: f32[8,8]) -> f32[8,8] {
+  %param_0 = f32[8,8]{1,0} parameter(0)
+  ROOT %tanh.1 = f32[8,8]{1,0} tanh(%param_0), metadata={op_name="jit(step)/jvp(block_swa_w16)/mixer/tanh"}
+}
+
+%body (p: (s32[], f32[8,8])) -> (s32[], f32[8,8]) {
+  %p = (s32[], f32[8,8]{1,0}) parameter(0)
+  ROOT %t = (s32[], f32[8,8]{1,0}) tuple(%p), metadata={op_name="jit(step)/while/body"}
+}
+
+ENTRY %main.9 (Arg_0.1: f32[8,8]) -> f32[8,8] {
+  %Arg_0.1 = f32[8,8]{1,0} parameter(0)
+  %fusion.1 = f32[8,8]{1,0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_computation.1
+  %dot.2 = f32[8,8]{1,0} dot(%fusion.1, %Arg_0.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %while.3 = (s32[], f32[8,8]{1,0}) while(%dot.2), condition=%cond, body=%body, metadata={op_name="jit(step)/while"}
+  ROOT %add.4 = f32[8,8]{1,0} add(%dot.2, %dot.2), metadata={op_name="jit(step)/optimizer/add"}
+}
+'''
+
+
+def test_instruction_scopes_fill_in_what_the_compiler_left_untagged():
+  scopes = profile.instruction_scopes(HLO)
+  assert profile.module_name(HLO) == 'jit_step'
+  assert scopes['fusion.1'] == ('fusion', 'jit(step)/jvp(block_swa_w16)/mixer/tanh')  # From its computation.
+  assert scopes['dot.2'] == ('dot', 'jit(step)/jvp(block_swa_w16)/mixer/tanh')  # From its first tagged operand.
+  assert scopes['add.4'] == ('add', 'jit(step)/optimizer/add')
+  assert scopes['while.3'][0] == 'while'
+  durations = {'fusion.1': 10.0, 'dot.2': 5.0, 'while.3': 100.0, 'add.4': 1.0, 'unknown.7': 2.0}
+  assert profile.attribute(durations, scopes) == {'block_swa_w16/mixer': 15.0, 'optimizer': 1.0, 'other': 2.0}
+
+
+@pytest.mark.parametrize('op_name, part', [
+    ('jit(train_step)/transpose(jvp(block_full))/mixer/dot_general', 'block_full/mixer'),
+    ('jit(train_step)/jvp()/while/body/remat(block_gdn)/mlp/mul', 'block_gdn/mlp'),
+    ('jit(train_step)/jvp(block_swa_w128)/add', 'block_swa_w128/residual'),
+    ('jit(train_step)/transpose(jvp(lm_head))/dot_general', 'lm_head'),
+    ('jit(train_step)/jvp(loss)/exp', 'loss'),
+    ('jit(train_step)/optimizer/mul', 'optimizer'),
+    ('jit(train_step)/while/body/dynamic_slice', 'other'),
+    ('', 'other'),
+])
+def test_part_of_reads_scopes_through_transforms(op_name, part):
+  assert profile.part_of(op_name) == part
+
+
+def test_a_real_trace_puts_the_heavy_scope_first(tmp_path):
+  """A 512^3 matmul chain in one scope against a 16^3 one in another: ~30,000x the FLOPs must dominate."""
+  def program(x, y):
+    with jax.named_scope('block_full'), jax.named_scope('mixer'):
+      heavy = jnp.tanh(x @ x) @ x
+    with jax.named_scope('block_swa_w8'), jax.named_scope('mlp'):
+      light = jnp.tanh(y @ y)
+    return jnp.sum(heavy) + jnp.sum(light)
+
+  args = (jnp.ones((512, 512)) / 512, jnp.ones((16, 16)) / 16)
+  compiled = jax.jit(jax.grad(program, argnums=(0, 1))).lower(*args).compile()
+  result, _ = profile.profile_compiled(compiled, args, 2, str(tmp_path))
+  shares = {r['part']: r['share'] for r in result['parts']}
+  assert result['parts'][0]['part'] == 'block_full/mixer' and shares['block_full/mixer'] > 0.5
+  assert shares.get('block_swa_w8/mlp', 0.0) < shares['block_full/mixer'] / 10
+  assert result['trace'].startswith(str(tmp_path))
