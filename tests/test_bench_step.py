@@ -50,6 +50,14 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
   text = capsys.readouterr().out
   assert 'tokens/s' in text and '| block_swa_w16/mixer | 2 |' in text
 
+  # Compiling from shapes alone gives the same program: the same compiled memory, and nothing runs.
+  same = bench_step.load_config(f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', seq_len=64, batch_size=4,
+                                grad_accum=2, overrides=SMALL[1::2] + ['model.num_layers=4', 'model.scan_layers=True',
+                                                                       'model.remat=save_dots'])
+  shapes_only = bench_step.compile_only(same)
+  assert shapes_only['memory_bytes_per_device'] == dict(s['memory_bytes_per_device'], device_peak_in_use=None)
+  assert 'step_s_median' not in shapes_only and shapes_only['model_flops_per_step'] == s['model_flops_per_step']
+
 
 def test_dry_run_compiles_nothing(capsys):
   argv = ['--config', f'{ROOT}/configs/hybrid.py:arch=gdn,scale=s4', '--batch_size', '8', '--set',

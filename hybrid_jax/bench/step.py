@@ -55,6 +55,9 @@ def _parse(argv):
                  'default: a temporary directory, deleted afterwards')
   p.add_argument('--json', metavar='OUT', help='write the full result to this JSON file')
   p.add_argument('--dry-run', action='store_true', help='validate the config and print its model FLOPs; no compile')
+  p.add_argument('--compile-only', action='store_true',
+                 help='compile the step from shapes only and report compile time and compiled memory (nothing is '
+                      'allocated or run: checks that a configuration fits before spending device time)')
   args = p.parse_args(argv)
   if args.steps < 1:
     p.error('--steps must be >= 1')
@@ -99,27 +102,61 @@ def _device_peak_bytes():
   return int(stats['peak_bytes_in_use']) if stats and 'peak_bytes_in_use' in stats else None
 
 
+def _step_setup(config):
+  """(model_def, optimizer, shardings) of the config's train step on its mesh."""
+  mesh = mesh_lib.make_mesh(config.parallel)
+  model_def = state_lib.make_model_def(config.model)
+  tx = optim.make_optimizer(config.train)
+  return model_def, tx, mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
+
+
+def _compile(config, model_def, tx, shardings, state, batch) -> dict:
+  """Compiles the train step for (abstract or concrete) state and batch; its compile time, memory and XLA FLOPs."""
+  tic = time.perf_counter()
+  compiled = step_lib.make_train_step(model_def, tx, config.train, shardings).lower(state, batch).compile()
+  compile_s = time.perf_counter() - tic
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  t, seq_len = config.train, config.data.seq_len
+  model = flops_lib.model_flops(config.model, seq_len)
+  return compiled, {
+      'compile_s': compile_s,
+      'model_flops_per_token': model['training_per_token'],
+      'model_flops_per_step': model['training_per_token'] * t.batch_size * seq_len,
+      'xla_flops_per_step_per_device': float(cost.get('flops', math.nan)),
+      'memory_bytes_per_device': {
+          'arguments': int(mem.argument_size_in_bytes), 'outputs': int(mem.output_size_in_bytes),
+          'aliased': int(mem.alias_size_in_bytes), 'temporaries': int(mem.temp_size_in_bytes),
+          'compiled_peak': int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                               + mem.temp_size_in_bytes),
+          'device_peak_in_use': None},
+      'devices': jax.device_count(), 'mesh': dict(shardings.mesh.shape),
+  }
+
+
+def compile_only(config) -> dict:
+  """Compiles the step from shapes alone (nothing allocated or run): does it fit, and how long does it compile?"""
+  model_def, tx, shardings = _step_setup(config)
+  state = state_lib.abstract_train_state(
+      state_lib.abstract_initial_state(config.model, config.seed, tx), shardings.state)
+  shape = (int(config.train.batch_size), int(config.data.seq_len))
+  tokens = jax.ShapeDtypeStruct(shape, np.int32, sharding=shardings.batch)
+  return _compile(config, model_def, tx, shardings, state, {'inputs': tokens, 'targets': tokens})[1]
+
+
 def measure_step(config, steps: int, profile_steps: int = 0, trace_dir: str = '') -> dict:
   """Compile the sharded train step, run 1 + `steps` steps on random tokens, and report times and memory.
 
   With `profile_steps` > 0, that many further steps run under the profiler for the breakdown by part.
   """
   t, seq_len = config.train, config.data.seq_len
-  mesh = mesh_lib.make_mesh(config.parallel)
-  model_def = state_lib.make_model_def(config.model)
-  tx = optim.make_optimizer(t)
-  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
+  model_def, tx, shardings = _step_setup(config)
   state = state_lib.init_sharded_train_state(config.model, config.seed, tx, shardings.state)
   rows = t.batch_size // jax.process_count()
   tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (rows, seq_len + 1), dtype=np.int32)
   batch = distributed.global_batch({'inputs': tokens[:, :-1], 'targets': tokens[:, 1:]}, shardings.batch)
-
-  tic = time.perf_counter()
-  compiled = step_lib.make_train_step(model_def, tx, t, shardings).lower(state, batch).compile()
-  compile_s = time.perf_counter() - tic
-  mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  compiled, result = _compile(config, model_def, tx, shardings, state, batch)
 
   tic = time.perf_counter()
   state, m = compiled(state, batch)
@@ -131,28 +168,13 @@ def measure_step(config, steps: int, profile_steps: int = 0, trace_dir: str = ''
     state, m = compiled(state, batch)
     float(m['loss'])  # Syncs with the device.
     times.append(time.perf_counter() - tic)
-  loss = float(m['loss'])
   step_s = statistics.median(times)
-
-  model = flops_lib.model_flops(config.model, seq_len)
-  flops_per_step = model['training_per_token'] * t.batch_size * seq_len
-  device = jax.devices()[0]
-  peak = metrics.peak_tflops(device.device_kind, t.peak_tflops)
-  result = {
-      'compile_s': compile_s, 'first_step_s': first_step_s, 'step_s_median': step_s, 'step_s_all': times,
-      'tokens_per_s': t.batch_size * seq_len / step_s, 'loss_after': loss,
-      'model_flops_per_token': model['training_per_token'], 'model_flops_per_step': flops_per_step,
-      'xla_flops_per_step_per_device': float(cost.get('flops', math.nan)),
-      'peak_tflops_per_device': peak,
-      'memory_bytes_per_device': {
-          'arguments': int(mem.argument_size_in_bytes), 'outputs': int(mem.output_size_in_bytes),
-          'aliased': int(mem.alias_size_in_bytes), 'temporaries': int(mem.temp_size_in_bytes),
-          'compiled_peak': int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                               + mem.temp_size_in_bytes),
-          'device_peak_in_use': _device_peak_bytes()},
-      'devices': jax.device_count(), 'mesh': dict(mesh.shape),
-  }
-  result.update(metrics.throughput(flops_per_step, step_s, jax.device_count(), peak))
+  peak = metrics.peak_tflops(jax.devices()[0].device_kind, t.peak_tflops)
+  result.update({'first_step_s': first_step_s, 'step_s_median': step_s, 'step_s_all': times,
+                 'tokens_per_s': t.batch_size * seq_len / step_s, 'loss_after': float(m['loss']),
+                 'peak_tflops_per_device': peak})
+  result['memory_bytes_per_device']['device_peak_in_use'] = _device_peak_bytes()
+  result.update(metrics.throughput(result['model_flops_per_step'], step_s, jax.device_count(), peak))
   if profile_steps:
     result['breakdown'] = measure_breakdown(config, compiled, state, batch, profile_steps, trace_dir)
   del state
@@ -202,9 +224,15 @@ def report(result) -> str:
       f"{c['name']}: {c['seq_len']} tokens x {c['batch_size']} sequences (grad_accum {c['grad_accum']}), "
       f"remat {c['remat']}, scan_layers {c['scan_layers']}, loss_chunk {c['loss_chunk']}, dtype {c['dtype']}, "
       f"on {result['meta']['device_kind']}",
-      f"compile {s['compile_s']:.1f} s, first step {s['first_step_s']:.2f} s, steady step {s['step_s_median']:.3f} s "
-      f"(median of {len(s['step_s_all'])})",
-      f"{s['tokens_per_s']:,.0f} tokens/s, {s['tflops_per_device']:.4g} model TFLOP/s per device, MFU {mfu}",
+  ]
+  if 'step_s_median' in s:
+    lines += [
+        f"compile {s['compile_s']:.1f} s, first step {s['first_step_s']:.2f} s, steady step {s['step_s_median']:.3f} "
+        f"s (median of {len(s['step_s_all'])})",
+        f"{s['tokens_per_s']:,.0f} tokens/s, {s['tflops_per_device']:.4g} model TFLOP/s per device, MFU {mfu}"]
+  else:
+    lines.append(f"compile {s['compile_s']:.1f} s (compiled from shapes only; nothing ran)")
+  lines += [
       f"model FLOPs {s['model_flops_per_token'] / 1e6:.2f} MFLOP/token (training); XLA's count of the compiled step "
       f"{s['xla_flops_per_step_per_device'] / max(s['model_flops_per_step'] / s['devices'], 1):.2f} x model "
       f"(includes remat, optimizer, elementwise; loop bodies counted once)",
@@ -237,7 +265,10 @@ def run(args) -> dict:
              'recurrent_implementation': m.recurrent_implementation, 'overrides': list(args.set)}
   with contextlib.ExitStack() as stack:
     trace_dir = args.trace_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix='hybrid_jax_trace_'))
-    step = measure_step(config, args.steps, args.profile_steps, trace_dir)
+    if args.compile_only:
+      step = compile_only(config)
+    else:
+      step = measure_step(config, args.steps, args.profile_steps, trace_dir)
   if args.trace_dir is None and 'breakdown' in step:
     step['breakdown']['trace'] = None  # Deleted with its temporary directory.
   result = {'meta': meta, 'config': summary, 'step': step,
