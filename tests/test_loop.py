@@ -204,3 +204,11 @@ def test_the_readme_main_job_trains_and_reports(tmp_path):
   assert len(report['eval']['loss_by_position']) == 8
   assert (tmp_path / 'loss_curve.png').is_file()
   assert time.time() - start < 600
+
+
+def test_bfloat16_on_cpu_warns_and_float32_does_not(caplog):
+  with caplog.at_level(logging.WARNING):
+    loop.warn_if_slow_on_cpu(small_config(dtype='float32'))
+    assert 'bfloat16' not in caplog.text
+    loop.warn_if_slow_on_cpu(small_config(dtype='bfloat16'))
+  assert 'model.dtype=bfloat16 on CPU' in caplog.text and 'float32' in caplog.text

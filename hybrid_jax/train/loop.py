@@ -98,6 +98,13 @@ def _params_of_run(run_dir, params):
   return restored
 
 
+def warn_if_slow_on_cpu(config) -> None:
+  """Study configs compute in bfloat16 for accelerators; on CPU that is the slow choice, so say so."""
+  if jax.default_backend() == 'cpu' and config.model.dtype == 'bfloat16':
+    logging.warning('model.dtype=bfloat16 on CPU: XLA:CPU runs bfloat16 matmuls several times slower than float32 '
+                    '(7-15x for an S1 step, BENCHMARKS.md); pass --config.model.dtype=float32 for CPU runs')
+
+
 def train(config, workdir) -> dict:
   """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json)."""
   validate(config)
@@ -113,6 +120,7 @@ def train(config, workdir) -> dict:
   tokens_per_step = t.batch_size * config.data.seq_len
   flops_per_step = training_flops_per_token(config.model, config.data.seq_len) * tokens_per_step  # Model FLOPs.
   peak = metrics.peak_tflops(jax.devices()[0].device_kind, t.peak_tflops)  # None (no MFU) when unknown, e.g. CPU.
+  warn_if_slow_on_cpu(config)
 
   mesh = mesh_lib.make_mesh(config.parallel)
   model_def = state_lib.make_model_def(config.model)
