@@ -1,6 +1,9 @@
 """Profile attribution (hybrid_jax.bench.profile): HLO metadata parsing, scope names under transforms, and a real
 trace of a program whose parts differ a thousandfold in work."""
 
+import gzip
+import json
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -38,6 +41,27 @@ def test_instruction_scopes_fill_in_what_the_compiler_left_untagged():
   assert scopes['while.3'][0] == 'while'
   durations = {'fusion.1': 10.0, 'dot.2': 5.0, 'while.3': 100.0, 'add.4': 1.0, 'unknown.7': 2.0}
   assert profile.attribute(durations, scopes) == {'block_swa_w16/mixer': 15.0, 'optimizer': 1.0, 'other': 2.0}
+
+
+def test_gpu_style_traces_use_device_events_and_keep_unnamed_work(tmp_path):
+  """A trace laid out as on a GPU: the device's kernels count, host-side launch events do not, and kernels without
+  an HLO name (command buffers) are summed as 'unnamed' instead of vanishing; other programs' kernels are left out."""
+  op = lambda pid, name, dur, **args: {'ph': 'X', 'pid': pid, 'tid': 1, 'name': name, 'ts': 0, 'dur': dur,
+                                       'args': args}
+  events = [{'ph': 'M', 'name': 'process_name', 'pid': 1, 'args': {'name': '/device:GPU:0'}},
+            {'ph': 'M', 'name': 'process_name', 'pid': 2, 'args': {'name': '/host:CPU'}},
+            op(1, 'fusion_kernel', 30.0, hlo_module='jit_step', hlo_op='fusion.1'),
+            op(1, 'fusion_kernel', 10.0, hlo_module='jit_step', hlo_op='fusion.1'),
+            op(1, 'cutlass_gemm', 7.0),
+            op(1, 'other_program_kernel', 99.0, hlo_module='jit_other', hlo_op='dot.9'),
+            op(2, 'launch fusion.1', 500.0, hlo_module='jit_step', hlo_op='add.4')]
+  path = tmp_path / 'perfetto_trace.json.gz'
+  with gzip.open(path, 'wt') as fh:
+    json.dump({'traceEvents': events}, fh)
+  durations = profile.op_durations(str(path), 'jit_step')
+  assert durations == {'fusion.1': 40.0, profile.UNNAMED: 7.0}  # jit_other's kernel is another program's.
+  parts = profile.attribute(durations, profile.instruction_scopes(HLO))
+  assert parts == {'block_swa_w16/mixer': 40.0, 'unnamed': 7.0}
 
 
 @pytest.mark.parametrize('op_name, part', [

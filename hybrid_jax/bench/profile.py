@@ -8,8 +8,10 @@ keep the forward scope inside `transpose(jvp(...))`). What has no scope (the lay
 gradient accumulation, copies) is 'other'. Loops and calls are containers, not work: their own events are skipped
 so nothing is counted twice.
 
-On an accelerator the device's own operation events are used; on CPU the host executes the operations, so its
-events are. Operations may overlap (CPU thread pools, GPU streams), so shares are of the summed operation time,
+On an accelerator the device's own events are used (device work without an HLO name is the part 'unnamed': on
+GPU, kernels run inside command buffers lose their names, so profile with
+XLA_FLAGS=--xla_gpu_enable_command_buffer= when 'unnamed' is large); on CPU the host executes the operations, so
+its events are. Operations may overlap (CPU thread pools, GPU streams), so shares are of the summed operation time,
 which can differ from the wall-clock step.
 """
 
@@ -130,20 +132,35 @@ def newest_trace(logdir: str) -> str:
   return max(paths, key=os.path.getmtime)
 
 
+UNNAMED = '<device work without an HLO name>'
+
+
 def op_durations(trace_path: str, module: str) -> dict[str, float]:
-  """{hlo_op: summed microseconds} of the trace's operation events of `module`, device events preferred."""
+  """{hlo_op: summed microseconds} of the trace's operation events of `module`, device events preferred.
+
+  Device work that carries no HLO name (kernels XLA launched inside a command buffer / CUDA graph, copies) is
+  summed under UNNAMED rather than dropped, so a breakdown shows how much it could not attribute.
+  """
   with gzip.open(trace_path, 'rt') as fh:
     data = json.load(fh)
   events = data['traceEvents'] if isinstance(data, dict) else data
   process_names = {e['pid']: e.get('args', {}).get('name', '') for e in events
                    if e.get('ph') == 'M' and e.get('name') == 'process_name'}
   device_pids = {pid for pid, name in process_names.items() if name.startswith('/device:')}
-  ops = [e for e in events if e.get('ph') == 'X' and (e.get('args') or {}).get('hlo_module') == module
-         and 'hlo_op' in e['args']]
-  on_device = [e for e in ops if e['pid'] in device_pids]
+  complete = [e for e in events if e.get('ph') == 'X']
+  device = [e for e in complete if e['pid'] in device_pids]
+  named = lambda e: (e.get('args') or {}).get('hlo_module') == module and 'hlo_op' in e['args']
   totals = collections.defaultdict(float)
-  for e in on_device or ops:
-    totals[e['args']['hlo_op']] += float(e.get('dur', 0.0))
+  if device:
+    for e in device:
+      if named(e):
+        totals[e['args']['hlo_op']] += float(e.get('dur', 0.0))
+      elif 'hlo_module' not in (e.get('args') or {}):  # Other programs' work is not this step's.
+        totals[UNNAMED] += float(e.get('dur', 0.0))
+  else:  # CPU: the host threads execute the operations.
+    for e in complete:
+      if named(e):
+        totals[e['args']['hlo_op']] += float(e.get('dur', 0.0))
   return dict(totals)
 
 
@@ -151,6 +168,9 @@ def attribute(durations: dict[str, float], scopes: dict[str, tuple[str, str]]) -
   """{part: microseconds} from per-operation durations and the program's instruction scopes."""
   parts = collections.defaultdict(float)
   for op, us in durations.items():
+    if op == UNNAMED:
+      parts['unnamed'] += us
+      continue
     opcode, op_name = scopes.get(op, ('', ''))
     if opcode in CONTAINER_OPCODES:
       continue
