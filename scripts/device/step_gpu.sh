@@ -96,25 +96,31 @@ for arch in full swa128_nope gdn; do
   bench "${arch}_s4_b8_save-dots" 100 --config "$(cfg $arch s4)" "${S4[@]}" --batch_size 8 \
     --set model.remat=save_dots --profile-steps 0
 done
-# 7-9: S3, same settings as 4-6.
+# 7-8: the Pallas GPU scan kernels in the whole step (GPU dispatch stays on the XLA chunked path until measured);
+# and cuDNN's fused attention for every attention layer instead of the per-window dispatch table.
+bench gdn_s4_b8_save-dots_pallas-scan 100 --config "$(cfg gdn s4)" "${S4[@]}" --batch_size 8 \
+  --set model.remat=save_dots --set model.recurrent_implementation=pallas_gpu --profile-steps 0
+bench full_s4_b8_save-dots_cudnn 100 --config "$(cfg full s4)" "${S4[@]}" --batch_size 8 \
+  --set model.remat=save_dots --set model.attention_implementation=cudnn --profile-steps 0
+# 9-11: S3, same settings as 4-6.
 for arch in full swa128_nope gdn; do
   bench "${arch}_s3_b8_save-dots" 90 --config "$(cfg $arch s3)" "${S4[@]}" --batch_size 8 \
     --set model.remat=save_dots --profile-steps 0
 done
-# 10: no remat (memory permitting): the upper bound of step speed.
+# 12: no remat (memory permitting): the upper bound of step speed.
 bench swa128_nope_s4_b8_remat-none 90 --config "$(cfg swa128_nope s4)" "${S4[@]}" --batch_size 8 \
   --set model.remat=none --profile-steps 0
-# 11: batch 16 as 2 micro-batches of 8 (gradient accumulation): same per-token work, fewer optimizer updates.
+# 13: batch 16 as 2 micro-batches of 8 (gradient accumulation): same per-token work, fewer optimizer updates.
 bench full_s4_b16_accum2_save-dots 100 --config "$(cfg full s4)" "${S4[@]}" --batch_size 16 --grad_accum 2 \
   --set model.remat=save_dots --profile-steps 0
-# 12: no layer scan: compile time against run 1 (scan keeps it flat in depth).
+# 14: no layer scan: compile time against run 1 (scan keeps it flat in depth).
 bench full_s4_b8_remat-full_noscan 120 --config "$(cfg full s4)" "${S4[@]}" --batch_size 8 \
   --set model.remat=full --set model.scan_layers=False --profile-steps 0
-# 13: the whole-sequence loss (8 x 16K x 73K logits, 19 GB in bf16 plus float32 copies): predicted to need ~40 GB
+# 15: the whole-sequence loss (8 x 16K x 73K logits, 19 GB in bf16 plus float32 copies): predicted to need ~40 GB
 # more memory than run 4 and to be slightly faster (no recomputed LM-head forward); it may run out of memory.
 bench full_s4_b8_save-dots_loss-whole 100 --config "$(cfg full s4)" "${S4[@]}" --batch_size 8 \
   --set model.remat=save_dots --set train.loss_chunk=0 --profile-steps 0
-# 14: cuBLAS instead of Triton for every matmul (XLA picks per shape by default).
+# 16: cuBLAS instead of Triton for every matmul (XLA picks per shape by default).
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" \
   bench full_s4_b8_save-dots_no-triton-gemm 100 --config "$(cfg full s4)" "${S4[@]}" --batch_size 8 \
   --set model.remat=save_dots --profile-steps 0
