@@ -110,14 +110,17 @@ def abstract_params(model_cfg, sharding=None) -> dict:
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), shapes)
 
 
-def load_run(workdir, step: int | None = None, *, model_overrides: dict | None = None) -> Run:
+def load_run(workdir, step: int | None = None, *, model_overrides: dict | None = None,
+             config: ml_collections.ConfigDict | None = None) -> Run:
   """The run in `workdir` at checkpoint `step` (default: the newest).
+
+  `config`: the run's config when the caller has already read it with `load_config` (read once, warned once).
 
   `model_overrides` change inference-time model settings (e.g. `{'attention_implementation': 'reference'}` or a
   restricted `window`); they must not change parameter shapes, which the restore checks.
   """
   workdir = pathlib.Path(workdir)
-  config = load_config(workdir)
+  config = load_config(workdir) if config is None else config.copy_and_resolve_references()
   if model_overrides:
     config.unlock()
     config.model.update(model_overrides)

@@ -53,3 +53,8 @@ def test_a_run_saved_before_a_config_key_existed_still_loads(tiny_run, tmp_path,
   config = runs.load_config(old)
   assert config.eval.position_buckets == 8 and config.model.gdn.conv_width == 4  # configs/base.py defaults
   assert 'eval.position_buckets' in caplog.text and 'model.gdn' in caplog.text
+  # A caller that has read the config hands it to load_run: the run loads without reading (and warning) again.
+  caplog.clear()
+  run = runs.load_run(old, config=config)
+  assert run.config.eval.position_buckets == 8 and caplog.text.count('predates') == 0
+  assert runs.load_run(old).step == 12 and caplog.text.count('predates') == 1

@@ -96,7 +96,7 @@ def main(argv) -> int:
         longppl_trunc_len=args.longppl_trunc_len, longppl_stride=args.longppl_stride,
         longppl_alpha=args.longppl_alpha, longppl_beta=args.longppl_beta,
         lm_eval_include=args.lm_eval_include, progress=not args.no_progress)
-    run = runs_lib.load_run(args.workdir, args.step)
+    run = runs_lib.load_run(args.workdir, args.step, config=config)
     results, rows = suite.run_tasks(run, requests, settings, out_dir=args.out)
   except (suite.EvalError, runs_lib.RunError) as e:
     print(f'error: {e}', file=sys.stderr)
