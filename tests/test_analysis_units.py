@@ -4,6 +4,7 @@ a sliding-window model with the same weights, recomputation from scratch)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis.windowed import Restriction
@@ -60,10 +61,11 @@ def test_full_restriction_is_a_sliding_window_model():
                              _reference(swa_def, params, tokens), atol=1e-6)
 
 
-def test_windowed_recurrent_state_matches_recomputation_from_scratch():
-  """One Lightning layer: with W >= T nothing changes; with W < T each chunk's last token equals a fresh run over
+@pytest.mark.parametrize('kind', ['lightning', 'mamba2', 'gdn'])
+def test_windowed_recurrent_state_matches_recomputation_from_scratch(kind):
+  """One recurrent layer: with W >= T nothing changes; with W < T each chunk's last token equals a fresh run over
   the S sinks and the last W tokens, and a chunk's first token equals a fresh run over W - C + 1 tokens."""
-  _, model_def, params = _model('lightning', cycle=('lightning',), num_layers=1)
+  _, model_def, params = _model(kind, cycle=(kind,), num_layers=1)
   tokens = _tokens(t=32, batch=1)
   np.testing.assert_allclose(_logits(model_def, params, tokens, Restriction('efficient', 32, chunk=8)),
                              _reference(model_def, params, tokens), atol=2e-5)
