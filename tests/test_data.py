@@ -189,7 +189,10 @@ def test_files_source_errors(tmp_path):
   with pytest.raises(sources.DataError, match=r'bad\.jsonl:2: not valid JSON'):
     sources.make_source(cfg, 'train')
   bad.write_text('{"text": "ok"}\n\n{"body": "no text"}\n')
-  with pytest.raises(sources.DataError, match=r"bad\.jsonl:3: .*no field 'text'"):
+  with pytest.raises(sources.DataError, match=r"bad\.jsonl:3: missing field\(s\) \['text'\] \(set config\.data"):
+    sources.make_source(cfg, 'train')
+  bad.write_text('{"text": 3}\n')
+  with pytest.raises(sources.DataError, match=r"bad\.jsonl:1: field 'text' is a int, not a str"):
     sources.make_source(cfg, 'train')
   bad.write_text('\n  \n')
   with pytest.raises(sources.DataError, match='empty'):

@@ -8,7 +8,6 @@ windowed.py) and evaluate, for each restriction and without one:
 The result is a table of metric vs restriction (JSON, Markdown) and a plot of each metric against W.
 """
 
-import json
 import math
 
 import jax
@@ -19,6 +18,7 @@ import tqdm
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report, retrieval_heads
 from hybrid_jax.analysis.windowed import Restriction
+from hybrid_jax.data import jsonl
 from hybrid_jax.data.pipeline import make_eval_batches
 from hybrid_jax.eval import longppl as longppl_lib
 from hybrid_jax.eval.perplexity import loss_by_position
@@ -66,11 +66,7 @@ def longppl_metric(nll_fn, params, tokenizer, texts, spans, *, pad_to: int = 256
 
 def read_longppl_inputs(texts_path: str, spans_dir: str) -> tuple[list[str], list]:
   """Documents (JSONL, one {'text': ...} per line, document i <-> slice_<i>.txt) and their key spans."""
-  texts = []
-  with open(texts_path, encoding='utf-8') as f:
-    for line in f:
-      if line.strip():
-        texts.append(json.loads(line)['text'])
+  texts = [record['text'] for record in jsonl.read_records(texts_path, {'text': str})]
   spans = longppl_lib.read_span_dir(spans_dir)
   missing = [i for i in range(len(texts)) if i not in spans]
   if missing:

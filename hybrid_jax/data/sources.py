@@ -10,7 +10,6 @@ import dataclasses
 import glob
 import gzip
 import hashlib
-import json
 import os
 import sysconfig
 from typing import Iterator
@@ -18,6 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from hybrid_jax.config import ConfigError
+from hybrid_jax.data import jsonl
 
 TEXT_SUFFIXES = ('.txt', '.txt.gz')
 JSONL_SUFFIXES = ('.jsonl', '.jsonl.gz')
@@ -150,15 +150,10 @@ def _open(path: str):
 
 def _jsonl_text(line: bytes, path: str, line_number: int, text_field: str) -> str:
   try:
-    record = json.loads(_decode(line))
-  except json.JSONDecodeError as e:
-    raise DataError(f'{path}:{line_number}: not valid JSON ({e.msg} at column {e.colno})') from None
-  if not isinstance(record, dict) or text_field not in record:
-    raise DataError(f'{path}:{line_number}: JSON record has no field {text_field!r} (set config.data.text_field)')
-  text = record[text_field]
-  if not isinstance(text, str):
-    raise DataError(f'{path}:{line_number}: field {text_field!r} is a {type(text).__name__}, not a string')
-  return text
+    record = jsonl.parse_record(_decode(line), path, line_number, {text_field: str}, 'set config.data.text_field')
+  except jsonl.JsonlError as e:
+    raise DataError(str(e)) from None
+  return record[text_field]
 
 
 @dataclasses.dataclass(frozen=True)

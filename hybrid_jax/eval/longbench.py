@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Callable, Sequence
 
+from hybrid_jax.data import jsonl
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent / 'data'
 TASK_INFO = {  # task: (metric, category, language)
@@ -68,20 +69,7 @@ def read_jsonl(path: str) -> list[dict]:
   """Samples of one task file in the official format; names the file and line of anything malformed."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f'LongBench file {path!r} does not exist (expected official-format JSONL)')
-  samples = []
-  with open(path, encoding='utf-8') as f:
-    for line_number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{line_number}: not valid JSON ({e.msg})') from None
-      missing = [k for k in ('input', 'context', 'answers') if k not in record]
-      if missing:
-        raise ValueError(f'{path}:{line_number}: missing field(s) {missing} (LongBench fields: {FIELDS})')
-      samples.append(record)
-  return samples
+  return jsonl.read_records(path, dict.fromkeys(('input', 'context', 'answers')), f'LongBench fields: {FIELDS}')
 
 
 def build_prompt(task: str, sample: dict) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 import tqdm
 
 from hybrid_jax import runs as runs_lib
-from hybrid_jax.data import pipeline
+from hybrid_jax.data import jsonl, pipeline
 from hybrid_jax.eval import longbench, longppl, niah, perplexity, ruler
 from hybrid_jax.eval.scoring import ModelScorer
 from hybrid_jax.train import step as step_lib
@@ -103,23 +103,16 @@ def _read_longppl_documents(path) -> list[dict]:
   if not path:
     raise EvalError('longppl needs documents: --longppl-data FILE.jsonl (one {"text": ..., optional "spans": '
                     '[[start, end], ...]} per line)')
-  path = pathlib.Path(path)
-  if not path.is_file():
+  if not pathlib.Path(path).is_file():
     raise EvalError(f'--longppl-data={path}: no such file')
-  docs = []
-  for number, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise EvalError(f'{path}:{number}: not JSON ({e})') from e
-    if not isinstance(record, dict) or not isinstance(record.get('text'), str):
-      raise EvalError(f'{path}:{number}: needs a string field "text"')
+  try:
+    docs = jsonl.read_records(path, {'text': str})
+  except jsonl.JsonlError as e:
+    raise EvalError(str(e)) from None
+  for record in docs:
     if 'spans' in record:
       record['spans'] = [tuple(s) for s in record['spans']]
       longppl.check_spans(longppl.merge_spans(record['spans']), record['text'])
-    docs.append(record)
   if not docs:
     raise EvalError(f'{path} holds no documents')
   return docs

@@ -6,6 +6,8 @@ import pathlib
 import numpy as np
 from tensorboardX import SummaryWriter
 
+from hybrid_jax.data import jsonl
+
 
 class MetricsWriter:
 
@@ -33,10 +35,8 @@ class MetricsWriter:
 def read_jsonl(path) -> list[dict]:
   """All records of a metrics.jsonl; for steps logged twice (a resumed run), the later record wins."""
   latest = {}
-  for line in pathlib.Path(path).read_text().splitlines():
-    if line.strip():
-      record = json.loads(line)
-      latest[(record['kind'], record['step'])] = record
+  for record in jsonl.read_records(path, {'kind': str, 'step': int}):
+    latest[(record['kind'], record['step'])] = record
   return sorted(latest.values(), key=lambda r: (r['kind'], r['step']))
 
 
