@@ -14,6 +14,12 @@ def dtype_of(name: str):
   return jnp.dtype(name)
 
 
+def init_stds(cfg) -> tuple[float, float]:
+  """(std of projections reading the residual stream, std of those writing into it): writers are scaled by
+  1/sqrt(2 * num_layers) (GPT-2), so the stream's variance at init does not grow with depth."""
+  return cfg.init_std, cfg.init_std / (2 * cfg.num_layers) ** 0.5
+
+
 def param(rngs: nnx.Rngs, shape, axes, *, std: float, dtype) -> nnx.Param:
   """A normal(0, std) parameter annotated with its logical axis names."""
   if len(shape) != len(axes):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.models import pattern
-from hybrid_jax.models.layers import RMSNorm, SwiGLU, dtype_of, param
+from hybrid_jax.models.layers import RMSNorm, SwiGLU, dtype_of, init_stds, param
 from hybrid_jax.models.mixers import make_mixer
 from hybrid_jax.parallel import activations
 
@@ -30,8 +30,8 @@ class Block(nnx.Module):
     self.mixer_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
     self.mixer = make_mixer(cfg, spec, rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
-    self.mlp = SwiGLU(cfg.d_model, cfg.d_ff, std=cfg.init_std, out_std=cfg.init_std / (2 * cfg.num_layers) ** 0.5,
-                      param_dtype=pdt, dtype=dt, rngs=rngs)
+    std, out_std = init_stds(cfg)
+    self.mlp = SwiGLU(cfg.d_model, cfg.d_ff, std=std, out_std=out_std, param_dtype=pdt, dtype=dt, rngs=rngs)
     self.scope = spec.scope
 
   def __call__(self, x, positions):

@@ -10,7 +10,7 @@ from flax import nnx
 
 from hybrid_jax import kernels
 from hybrid_jax.models import cache as cache_lib
-from hybrid_jax.models.layers import dtype_of, param, rope
+from hybrid_jax.models.layers import dtype_of, init_stds, param, rope
 
 
 class Attention(nnx.Module):
@@ -18,7 +18,7 @@ class Attention(nnx.Module):
   def __init__(self, cfg, spec, *, rngs: nnx.Rngs):
     d, hq, hkv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     pdt = dtype_of(cfg.param_dtype)
-    std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.num_layers) ** 0.5
+    std, out_std = init_stds(cfg)
     self.wq = param(rngs, (d, hq, hd), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.wk = param(rngs, (d, hkv, hd), ('embed', 'kv_heads', 'head_dim'), std=std, dtype=pdt)
     self.wv = param(rngs, (d, hkv, hd), ('embed', 'kv_heads', 'head_dim'), std=std, dtype=pdt)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.models.layers import dtype_of, param
+from hybrid_jax.models.layers import dtype_of, init_stds, param
 from hybrid_jax.models.mixers import recurrent
 
 
@@ -21,7 +21,7 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     gc = cfg.gdn
     d, h, k, v, w = cfg.d_model, gc.num_heads, gc.key_dim, gc.value_dim, gc.conv_width
     pdt = dtype_of(cfg.param_dtype)
-    std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.num_layers) ** 0.5
+    std, out_std = init_stds(cfg)
     self.wq = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.wk = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.wv = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.models.layers import dtype_of, param
+from hybrid_jax.models.layers import dtype_of, init_stds, param
 from hybrid_jax.models.mixers import recurrent
 
 
@@ -32,7 +32,7 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     lc = cfg.lightning
     d, h, k, v = cfg.d_model, lc.num_heads, lc.key_dim, lc.value_dim
     pdt = dtype_of(cfg.param_dtype)
-    std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.num_layers) ** 0.5
+    std, out_std = init_stds(cfg)
     self.wq = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.wk = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.wv = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)

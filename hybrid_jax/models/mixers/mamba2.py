@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.models.layers import dtype_of, param
+from hybrid_jax.models.layers import dtype_of, init_stds, param
 from hybrid_jax.models.mixers import recurrent
 
 
@@ -21,7 +21,7 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     mc = cfg.mamba2
     d, h, p, n, w = cfg.d_model, mc.num_heads, mc.head_dim, mc.state_dim, mc.conv_width
     pdt = dtype_of(cfg.param_dtype)
-    std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.num_layers) ** 0.5
+    std, out_std = init_stds(cfg)
     self.in_z = param(rngs, (d, h, p), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.in_x = param(rngs, (d, h, p), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.in_b = param(rngs, (d, n), ('embed', 'state'), std=std, dtype=pdt)
