@@ -121,6 +121,10 @@ def get_config(arg=None):
   # 0 = look it up by device kind (hybrid_jax.train.metrics.PEAK_BF16_TFLOPS); with no entry (CPU) only model
   # TFLOP/s per device is logged.
   t.peak_tflops = 0.0
+  # Profile train steps profile_start + 1 .. profile_start + profile_steps (0 = off): the trace goes to
+  # <workdir>/tensorboard (TensorBoard's profile tab, Perfetto), the time by model part to profile_breakdown.json.
+  t.profile_start = 0
+  t.profile_steps = 3
 
   # ------------------------------------------------------------------------------------------------ eval
   e = c.eval = ml_collections.ConfigDict()

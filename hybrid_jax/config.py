@@ -134,7 +134,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in ('model.vocab_size', 'model.d_model', 'model.num_layers', 'model.num_heads', 'model.num_kv_heads',
               'model.head_dim', 'model.d_ff', 'data.seq_len', 'train.steps', 'train.batch_size',
               'train.grad_accum', 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints',
-              'train.eval_batches', 'eval.position_buckets', 'eval.batches'):
+              'train.eval_batches', 'train.profile_steps', 'eval.position_buckets', 'eval.batches'):
     _positive_int(c, key)
   m = c.model
   if m.num_heads % m.num_kv_heads:
@@ -195,7 +195,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in ('train.weight_decay', 'train.grad_clip', 'train.z_loss', 'train.eval_every', 'train.eps',
               'train.peak_tflops'):
     _nonneg_number(c, key)
-  for key in ('train.retrieval_probe_every', 'train.retrieval_probe_length', 'train.loss_chunk'):
+  for key in ('train.retrieval_probe_every', 'train.retrieval_probe_length', 'train.loss_chunk', 'train.profile_start'):
     if isinstance(_get(c, key), bool) or not isinstance(_get(c, key), int) or _get(c, key) < 0:
       _fail(key, _get(c, key), 'must be an integer >= 0 (0 = off / data.seq_len / whole sequence)')
   _positive_int(c, 'train.retrieval_probe_samples')

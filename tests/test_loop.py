@@ -212,3 +212,24 @@ def test_bfloat16_on_cpu_warns_and_float32_does_not(caplog):
     assert 'bfloat16' not in caplog.text
     loop.warn_if_slow_on_cpu(small_config(dtype='bfloat16'))
   assert 'model.dtype=bfloat16 on CPU' in caplog.text and 'float32' in caplog.text
+
+
+def test_profiled_training_steps_write_a_trace_and_a_breakdown(tmp_path):
+  c = small_config()
+  c.train.update(dict(steps=5, checkpoint_every=5, profile_start=2, profile_steps=2))
+  loop.train(c, tmp_path)
+  result = json.loads((tmp_path / 'profile_breakdown.json').read_text())
+  assert result['steps'] == 2 and result['first_step'] == 3
+  parts = {r['part'] for r in result['parts']}
+  assert {'block_swa_w16/mixer', 'block_full/mlp', 'lm_head', 'optimizer'} <= parts
+  assert sum(r['share'] for r in result['parts']) == pytest.approx(1.0)
+  assert pathlib.Path(result['trace']).is_relative_to(tmp_path / 'tensorboard' / 'plugins' / 'profile')
+
+
+def test_profile_settings_are_validated():
+  from hybrid_jax.config import ConfigError, validate
+  for key, value in (('profile_start', -1), ('profile_steps', 0)):
+    c = small_config()
+    c.train[key] = value
+    with pytest.raises(ConfigError, match=f'train.{key}'):
+      validate(c)

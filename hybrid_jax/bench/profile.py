@@ -182,22 +182,28 @@ def profile_compiled(compiled, args, steps: int, logdir: str, run=None) -> dict:
   """Profiles `steps` calls of `compiled` and attributes their operation time to the step's parts.
 
   `run(compiled, args) -> args` performs one call and blocks until it is done (the train step threads its state
-  through it); by default `compiled(*args)` is called and its outputs waited on. Returns (result, args after
-  the last call), result = {'method', 'steps',
-  'trace', 'op_ms_per_step', 'parts': [{'part', 'ms_per_step', 'share'}] largest first}.
+  through it); by default `compiled(*args)` is called and its outputs waited on. Returns (`breakdown`'s result,
+  args after the last call).
   """
   if run is None:
     def run(compiled, args):
       jax.block_until_ready(compiled(*args))
       return args
-  hlo_text = compiled.as_text()
   jax.profiler.start_trace(logdir, create_perfetto_trace=True)
   try:
     for _ in range(steps):
       args = run(compiled, args)
   finally:
     jax.profiler.stop_trace()
-  trace = newest_trace(logdir)
+  return breakdown(compiled.as_text(), newest_trace(logdir), steps), args
+
+
+def breakdown(hlo_text: str, trace: str, steps: int) -> dict:
+  """Operation time per step of each part, from a trace of `steps` runs of the program `hlo_text`.
+
+  Returns {'method', 'steps', 'trace', 'op_ms_per_step', 'parts': [{'part', 'ms_per_step', 'share'}] largest
+  first}.
+  """
   durations = op_durations(trace, module_name(hlo_text))
   if not durations:
     raise RuntimeError(f'the trace {trace} holds no operation events of module {module_name(hlo_text)!r}')
@@ -206,4 +212,4 @@ def profile_compiled(compiled, args, steps: int, logdir: str, run=None) -> dict:
   rows = [{'part': p, 'ms_per_step': us / 1e3 / steps, 'share': us / total_us}
           for p, us in sorted(parts.items(), key=lambda kv: -kv[1])]
   return {'method': 'profiler trace: operation time by named scope', 'steps': steps, 'trace': trace,
-          'op_ms_per_step': total_us / 1e3 / steps, 'parts': rows}, args
+          'op_ms_per_step': total_us / 1e3 / steps, 'parts': rows}

@@ -27,7 +27,7 @@ from hybrid_jax.eval.perplexity import evaluate
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
-from hybrid_jax.train import checkpoint, metrics, optim, report, state as state_lib, step as step_lib
+from hybrid_jax.train import checkpoint, metrics, optim, profiling, report, state as state_lib, step as step_lib
 
 
 class TrainingDiverged(RuntimeError):
@@ -159,11 +159,13 @@ def train(config, workdir) -> dict:
   bar = tqdm.tqdm(total=t.steps, initial=start, disable=not (t.progress and lead), desc=config.name, unit='step',
                   dynamic_ncols=True)
   started, finished, step = time.perf_counter(), False, start
+  profiler = profiling.StepProfiler(workdir, t.profile_start, t.profile_steps, lead)
   try:
     with _stop_on_sigterm() as stop:
       step = start
       while step < t.steps:
         batch = distributed.global_batch(next(data_iter), shardings.batch)
+        profiler.before_step(step)
         tic = time.perf_counter()
         state, m = train_step(state, batch)
         loss = float(m['loss'])  # Syncs: the step time below is real, and a bad loss is caught at its step.
@@ -175,6 +177,7 @@ def train(config, workdir) -> dict:
               f'training loss is {loss} at step {step} (run {config.name}); stopping. The last good checkpoint '
               f'(step {last_saved}) is kept in {ckpt.directory}. Lower train.lr or raise train.warmup_steps.')
         bar.update(1)
+        profiler.after_step(step, train_step, state, batch)
         if step % t.log_every == 0 or step == t.steps:
           dt = statistics.median(step_times[-t.log_every:])
           logged = {k: float(v) for k, v in m.items()}
@@ -201,6 +204,7 @@ def train(config, workdir) -> dict:
     raise distributed.peer_failure(e, step + 1) from e
   finally:
     bar.close()
+    profiler.close()
     try:
       ckpt.close()
     except Exception:  # After a failure (e.g. a dead peer process) closing fails too; keep the first error.
