@@ -95,8 +95,9 @@ def instruction_scopes(hlo_text: str) -> dict[str, tuple[str, str]]:
     if not op_name and opcode not in CONTAINER_OPCODES:
       seen.add(name)
       for operand in operands.get(name, ()):
-        if operand not in seen and resolve(operand, seen):
-          op_name = resolve(operand, seen)
+        inherited = '' if operand in seen else resolve(operand, seen)
+        if inherited:
+          op_name = inherited
           break
     resolved[name] = op_name
     return op_name

@@ -28,27 +28,22 @@ def sequence_nll(model, tokens, targets, chunk: int = 0):
   float32); the backward pass recomputes each chunk's logits, one extra LM-head matmul. T need not be a multiple
   of `chunk` (the last chunk is padded, and the padding sliced off).
   """
-  h = model.hidden_states(tokens)
-  batch, length = targets.shape
-  if not chunk or chunk >= length:
+  def head_and_loss(h, targets):
     logits = model.logits(h)
     with jax.named_scope('loss'):
       return token_nll(logits, targets)
+
+  h = model.hidden_states(tokens)
+  batch, length = targets.shape
+  if not chunk or chunk >= length:
+    return head_and_loss(h, targets)
   n = -(-length // chunk)
   pad = n * chunk - length
   if pad:
     h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
   chunks = (h.reshape(batch, n, chunk, h.shape[-1]).swapaxes(0, 1), targets.reshape(batch, n, chunk).swapaxes(0, 1))
-
-  @jax.checkpoint
-  def one_chunk(h_and_targets):
-    h_c, targets_c = h_and_targets
-    logits = model.logits(h_c)
-    with jax.named_scope('loss'):
-      return token_nll(logits, targets_c)
-
-  nll, log_z = jax.lax.map(one_chunk, chunks)
+  nll, log_z = jax.lax.map(jax.checkpoint(lambda args: head_and_loss(*args)), chunks)
   unchunk = lambda x: x.swapaxes(0, 1).reshape(batch, n * chunk)[:, :length]
   return unchunk(nll), unchunk(log_z)
 
