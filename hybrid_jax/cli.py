@@ -21,9 +21,17 @@ _CONFIG = config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Config file
                                           lock_config=True)
 _DEVICES = flags.DEFINE_integer('devices', None, 'shardings / compile-check: device count of the target mesh '
                                 '(default: the devices present; compile-check fakes that many CPU devices).')
-_TOPOLOGY = flags.DEFINE_string('topology', None, "compile-check: a TPU topology such as 'v5p:4x4x4' (needs libtpu)")
-_BUDGET = flags.DEFINE_float('memory_budget_gib', None, 'compile-check: fail when the peak per-device memory '
-                             'exceeds this many GiB.')
+_TOPOLOGY = flags.DEFINE_list('topology', None, "compile-check: TPU topologies such as 'v5p:4x4x4,v6e:4x4' "
+                              '(libtpu compiles for them on any host; no TPU needed)')
+_NUM_SLICES = flags.DEFINE_integer('num_slices', 1, 'compile-check: slices of each topology, joined over the '
+                                   'data-center network (multislice; the dcn_* mesh axes)')
+_SWEEP = flags.DEFINE_string('sweep', None, 'compile-check: check every distinct step of a sweep FILE:NAME '
+                             '(e.g. configs/sweep.py:main) instead of --config')
+_BUDGET = flags.DEFINE_float('memory_budget_gib', None, 'compile-check: the per-device memory limit in GiB '
+                             "(default: the chip's HBM; needed for CPU meshes)")
+_JSON = flags.DEFINE_string('json', None, 'compile-check: also write every row (and the fixes tried) to this file')
+_FIND_FIT = flags.DEFINE_bool('find_fit', True, 'compile-check: when a step does not fit, compile the changes '
+                              'that trade speed for memory and report the first that fits')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics, report). '
                                'Default: runs/<config.name>.')
 
@@ -67,65 +75,56 @@ def cmd_shardings(config):
   return 0
 
 
-def _compile_report(config, devices, topology) -> dict:
-  """Per-device bytes (parameters, optimizer, arguments, temporaries, peak) and FLOPs of one compiled step."""
-  import math
-  import jax
-  from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
-  from hybrid_jax.train import optim, state as state_lib, step as step_lib
-  if topology:
-    target = mesh_lib.topology_devices(topology)
-  else:
-    if devices:
-      try:
-        jax.config.update('jax_num_cpu_devices', int(devices))  # Fake CPU devices; only before jax starts.
-      except Exception:  # Backends already running: the check below explains.
-        pass
-    if devices and jax.default_backend() == 'cpu' and jax.device_count() < devices:
-      raise ConfigError(f'--devices={devices}: only {jax.device_count()} CPU devices; compile-check fakes them '
-                        'when started fresh (python -m hybrid_jax compile-check sets jax_num_cpu_devices)')
-    target = jax.devices()[:devices] if devices else jax.devices()
-  mesh = mesh_lib.make_mesh(config.parallel, target)
-  model_def = state_lib.make_model_def(config.model)
-  tx = optim.make_optimizer(config.train)
-  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
-  abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),
-                                            shardings.state)
-  compiled = step_lib.compile_train_step(model_def, tx, config.train, shardings, abstract, config.data.seq_len)
+def _compile_targets():
+  from hybrid_jax.parallel import compile_check
+  if _TOPOLOGY.value:
+    return [compile_check.tpu_target(t, _NUM_SLICES.value) for t in _TOPOLOGY.value]
+  return [compile_check.fake_cpu_target(_DEVICES.value)]
 
-  def per_device(tree):
-    return int(sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(tree)))
 
-  mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  args, out, temp = mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.temp_size_in_bytes
-  return {
-      'mesh': dict(mesh.shape), 'platform': target[0].platform, 'devices': len(target),
-      'per_device_bytes': {'parameters': per_device(abstract['params']),
-                           'optimizer': per_device(abstract['opt_state']), 'arguments': int(args),
-                           'outputs': int(out), 'activations_and_temporaries': int(temp),
-                           'peak': int(args + out - mem.alias_size_in_bytes + temp)},
-      'flops_per_step_per_device': float((cost or {}).get('flops', float('nan'))),
-  }
+def _compile_configs(config):
+  """--config, or the distinct compiled steps of --sweep (runs that differ only in length compile the same)."""
+  if not _SWEEP.value:
+    return [config]
+  from hybrid_jax.study import plan
+  seen, out = set(), []
+  for run in plan.sweep_runs(_SWEEP.value):
+    c = plan.load_run(run)[2]
+    key = json.dumps([c.model.to_dict(), c.data.seq_len, c.train.batch_size, c.train.grad_accum,
+                      c.train.loss_chunk, c.parallel.to_dict()], sort_keys=True, default=str)
+    if key not in seen:
+      seen.add(key)
+      out.append(c)
+  return out
 
 
 def cmd_compile_check(config):
-  """Compile the train step for a target mesh without running it; report per-device memory and FLOPs."""
-  from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+  """Compile the train step for target meshes without running it: fit, memory, FLOPs, estimated step time."""
+  from hybrid_jax.parallel import compile_check, mesh as mesh_lib, rules as rules_lib
+  limit = _BUDGET.value * 2**30 if _BUDGET.value else None
+  rows = []
   try:
-    report = _compile_report(config, _DEVICES.value, _TOPOLOGY.value)
+    targets = _compile_targets()
+    print(compile_check.table([]), flush=True)  # Rows follow as they compile (minutes each at study scale).
+    for c in _compile_configs(config):
+      for target in targets:
+        rows.append(compile_check.check(c, target, memory_limit=limit, find_fit=_FIND_FIT.value))
+        print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
   except (mesh_lib.MeshError, rules_lib.ShardingRuleError, ConfigError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  print(json.dumps(report, indent=2))
-  budget = _BUDGET.value
-  if budget is not None and report['per_device_bytes']['peak'] > budget * 2**30:
-    print(f"error: the train step needs {report['per_device_bytes']['peak'] / 2**30:.2f} GiB per device, over the "
-          f'budget of {budget} GiB; raise parallel.fsdp / parallel.tensor, lower train.batch_size or set '
-          'model.remat', file=sys.stderr)
-    return 3
-  return 0
+  if _JSON.value:
+    pathlib.Path(_JSON.value).write_text(json.dumps(rows, indent=2) + '\n')
+  tight = [r for r in rows if r.get('fits') is False]
+  for r in tight:
+    peak = r.get('per_device_bytes', {}).get('peak')
+    need = f'needs {peak / 2**30:.2f} GiB per device' if peak else r.get('error', 'does not fit')
+    fix = r.get('fix', {}).get('change')
+    over = f", over the limit of {r['hbm_bytes'] / 2**30:.2f} GiB" if r.get('hbm_bytes') else ''
+    print(f"error: {r['arch']} {r['scale']} on {r['target']}: the train step {need}{over}; "
+          + (f'fits with {fix}' if fix else 'raise parallel.fsdp / parallel.tensor, lower train.batch_size, '
+             'raise train.grad_accum or set model.remat'), file=sys.stderr)
+  return 3 if tight else 0
 
 
 COMMANDS = {'train': cmd_train, 'params': cmd_params, 'shardings': cmd_shardings,

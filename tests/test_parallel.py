@@ -230,18 +230,20 @@ def test_checkpoint_from_8_devices_restores_on_4_and_1(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- compile check
-def test_compile_check_reports_memory_and_flops_and_fails_over_budget():
+def test_compile_check_reports_memory_and_flops_and_fails_over_budget(tmp_path):
   args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--devices=8', '--memory_budget_gib=0.001',
           f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.model.num_layers=2',
           '--config.model.d_model=64', '--config.data.seq_len=64', '--config.parallel.fsdp=4',
-          '--config.parallel.tensor=2']
+          '--config.parallel.tensor=2', '--nofind_fit', f'--json={tmp_path}/rows.json']
   out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
-  assert out.returncode == 3 and 'over the budget of 0.001 GiB' in out.stderr, out.stderr[-3000:]
-  report = json.loads(out.stdout)  # The report comes first, then the verdict.
-  assert report['mesh'] == {'data': 1, 'fsdp': 4, 'tensor': 2} and report['devices'] == 8
+  assert out.returncode == 3 and 'over the limit of 0.00 GiB' in out.stderr, out.stderr[-3000:]
+  [report] = json.loads((tmp_path / 'rows.json').read_text())
+  assert report['mesh'] == {'data': 1, 'fsdp': 4, 'tensor': 2} and report['chips'] == 8
+  assert report['fits'] is False and 'fix' not in report
   mem = report['per_device_bytes']
   assert 0 < mem['parameters'] < mem['optimizer'] and mem['peak'] >= mem['arguments'] > mem['parameters']
-  assert report['flops_per_step_per_device'] > 0
+  assert report['xla_flops_per_chip'] > 0
+  assert '| swa128 | tiny | 64 | cpu x 8 | 8 | 1/4/2 |' in out.stdout  # The table row.
 
 
 def test_compile_check_tpu_topology_without_libtpu_is_a_clear_error():

@@ -190,14 +190,14 @@ def test_dispatch(kernel, monkeypatch):
   with warnings.catch_warnings():  # Falls back to 'xla' (warns once per process).
     warnings.simplefilter('ignore')
     assert module.resolve(None, table, name, chunk_size=12) is table['xla']
-  with pytest.raises(RuntimeError, match='needs a GPU backend'):
+  with pytest.raises(RuntimeError, match='needs a GPU target'):
     KERNELS[kernel](*args[:-1], implementation='pallas_gpu')
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert module.resolve(None, table, name) is table[linear_api.GPU_MEASURED_CHOICE[name]]
   assert linear_api.supports('pallas_gpu', jnp.bfloat16, 64, (128, 128))
   assert not linear_api.supports('pallas_gpu', jnp.bfloat16, 64, (96, 128))  # Triton tiles: powers of two.
   assert not linear_api.supports('pallas_tpu', jnp.float64, 64)
-  with pytest.raises(RuntimeError, match='needs a TPU backend'):
+  with pytest.raises(RuntimeError, match='needs a TPU target'):
     KERNELS[kernel](*args[:-1], implementation='pallas_tpu')
 
 

@@ -10,7 +10,7 @@ import contextlib
 import contextvars
 
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hybrid_jax.parallel import rules as rules_lib
 
@@ -40,3 +40,38 @@ def constrain(x, logical_axes):
   mesh, rules = active
   spec = rules_lib.layout('activation', x.shape, logical_axes, rules, dict(mesh.shape)).spec
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def shard_local(fn, args, in_axes, out_axes, *, tied=()):
+  """`fn(*args)` computed shard by shard (shard_map) over the active mesh, or `fn(*args)` outside `sharded(...)`.
+
+  Kernels that are custom calls (Pallas, cuDNN) are opaque to GSPMD, which would gather their operands whole onto
+  every device; here each device runs the kernel on its own part. Operand i is split by its logical axes
+  `in_axes[i]` (None operands pass through whole); an output dimension is split as the input dimensions of the same
+  logical name. Logical names in `tied` (e.g. query and kv heads, whose grouping the kernel relies on) are split only
+  when every operand dimension that carries them splits the same way; otherwise they all stay whole.
+  """
+  active = _ACTIVE.get()
+  if active is None:
+    return fn(*args)
+  mesh, rules = active
+  shape = dict(mesh.shape)
+  present = [i for i, a in enumerate(args) if a is not None]
+  specs = {i: list(rules_lib.layout('kernel operand', args[i].shape, in_axes[i], rules, shape).spec)
+           for i in present}
+  tied_splits = {specs[i][d] for i in present for d, name in enumerate(in_axes[i]) if name in tied}
+  if len(tied_splits) > 1:
+    for i in present:
+      specs[i] = [None if name in tied else s for s, name in zip(specs[i], in_axes[i])]
+  split_of = {name: specs[i][d] for i in present for d, name in enumerate(in_axes[i]) if name is not None}
+
+  def local(*xs):
+    full = list(args)
+    for i, x in zip(present, xs):
+      full[i] = x
+    return fn(*full)
+
+  out_specs = jax.tree.map(lambda axes: P(*(split_of.get(name) for name in axes)), out_axes,
+                           is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(n, (str, type(None))) for n in x))
+  return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(*specs[i]) for i in present), out_specs=out_specs,
+                       check_vma=False)(*(args[i] for i in present))

@@ -13,6 +13,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import rules as rules_lib
 
 AXES = rules_lib.MESH_AXES
@@ -183,11 +184,13 @@ def sharding_report(model_def, rules: dict, mesh_shape_: dict) -> tuple[list[dic
   return rows, '\n'.join(lines)
 
 
-def topology_devices(topology: str) -> list:
-  """The (unattached) devices of a TPU topology such as 'v5p:4x4x4', for ahead-of-time compilation."""
+def topology_devices(topology: str, num_slices: int = 1) -> list:
+  """The (unattached) devices of a TPU topology such as 'v5p:4x4x4' (times `num_slices` slices joined over the
+  data-center network), for ahead-of-time compilation from any host."""
+  platform.quiet_offline_libtpu()
   try:
     from jax.experimental import topologies
-    desc = topologies.get_topology_desc(topology_name=topology, platform='tpu')
+    desc = topologies.get_topology_desc(topology_name=topology, platform='tpu', num_slices=num_slices)
   except Exception as e:  # No libtpu, or a name libtpu does not know.
     raise MeshError(f'cannot describe TPU topology {topology!r}: {type(e).__name__}: {e}. Targeting a TPU '
                     "topology needs libtpu (pip install -e '.[tpu]'); names look like 'v5p:4x4x4' or "

@@ -7,6 +7,7 @@ import numpy as np
 from tensorboardX import SummaryWriter
 
 from hybrid_jax.data import jsonl
+from hybrid_jax.parallel import chips
 
 
 class MetricsWriter:
@@ -40,27 +41,13 @@ def read_jsonl(path) -> list[dict]:
   return sorted(latest.values(), key=lambda r: (r['kind'], r['step']))
 
 
-# bf16 dense (no sparsity) peak TFLOP/s per device, by jax.devices()[0].device_kind (vendor data sheets). A TPU
-# device is one chip for v4 and later (megacore), one core for v2/v3. Checked in order: more specific names first.
-PEAK_BF16_TFLOPS = (
-    ('H100 PCIe', 756.0), ('H100 NVL', 835.0), ('H100', 989.0), ('H200', 989.0), ('H800', 989.0),
-    ('GH200', 989.0), ('B200', 2250.0), ('B100', 1750.0), ('A100', 312.0), ('A800', 312.0), ('L40S', 362.0),
-    ('L4', 121.0), ('A10G', 70.0),
-    ('TPU v2', 22.5), ('TPU v3', 61.5), ('TPU v4', 275.0), ('TPU v5 lite', 197.0), ('TPU v5e', 197.0),
-    ('TPU v5p', 459.0), ('TPU v5', 459.0), ('TPU v6 lite', 918.0), ('TPU v6e', 918.0),
-)
-
-
 def peak_tflops(device_kind: str, override: float = 0.0) -> float | None:
-  """Peak bf16 TFLOP/s of one device: `override` when > 0 (train.peak_tflops), else the table; None if unknown
-  (e.g. CPU), in which case MFU is not reported."""
+  """Peak bf16 TFLOP/s of one device: `override` when > 0 (train.peak_tflops), else the chip table
+  (hybrid_jax.parallel.chips); None if unknown (e.g. CPU), in which case MFU is not reported."""
   if override and override > 0:
     return float(override)
-  kind = device_kind.lower()
-  for name, peak in PEAK_BF16_TFLOPS:
-    if name.lower() in kind:
-      return peak
-  return None
+  spec = chips.chip(device_kind)
+  return spec.peak_bf16_tflops if spec else None
 
 
 def throughput(flops_per_step: float, step_time_s: float, num_devices: int, peak: float | None) -> dict:

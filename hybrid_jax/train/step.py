@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import activations
 
 
@@ -48,11 +49,16 @@ def sequence_nll(model, tokens, targets, chunk: int = 0):
   return unchunk(nll), unchunk(log_z)
 
 
-def _activation_layouts(shardings):
-  """Activation sharding constraints while tracing a sharded step; nothing for an unsharded one."""
-  if shardings is None or not shardings.rules:
-    return contextlib.nullcontext()
-  return activations.sharded(shardings.mesh, shardings.rules)
+@contextlib.contextmanager
+def _tracing_for(shardings):
+  """While a sharded step is traced: activation layouts by the rules, kernels chosen for the mesh's platform (it
+  may be a TPU topology compiled from a CPU host) and run per shard. Nothing for an unsharded step."""
+  if shardings is None:
+    yield
+    return
+  layouts = activations.sharded(shardings.mesh, shardings.rules) if shardings.rules else contextlib.nullcontext()
+  with platform.targeting(shardings.mesh), layouts:
+    yield
 
 
 def make_train_step(model_def, tx, train_cfg, shardings=None):
@@ -65,7 +71,7 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
   loss_chunk = int(train_cfg.loss_chunk)
 
   def loss_fn(params, batch):
-    with _activation_layouts(shardings):
+    with _tracing_for(shardings):
       nll, log_z = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk)
     loss = jnp.mean(nll)
     total = loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss
@@ -108,7 +114,7 @@ def make_eval_step(model_def, shardings=None, loss_chunk: int = 0):
   """
 
   def eval_step(params, batch):
-    with _activation_layouts(shardings):
+    with _tracing_for(shardings):
       nll, _ = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk)
     return jnp.sum(nll, axis=0), jnp.full((nll.shape[1],), nll.shape[0], jnp.float32)
 

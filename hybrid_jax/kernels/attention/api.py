@@ -10,6 +10,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.kernels import platform
 from hybrid_jax.kernels.attention import pallas_gpu
 from hybrid_jax.kernels.attention import pallas_tpu
 from hybrid_jax.kernels.attention import reference
@@ -18,9 +19,9 @@ from hybrid_jax.kernels.attention import xla
 
 def _cudnn(q, k, v, *, window, scale, sinks, segment_ids):
   """cuDNN fused attention through jax.nn; supports the plain causal sliding window only."""
-  if jax.default_backend() != 'gpu':
-    raise RuntimeError(f"implementation='cudnn' needs a GPU backend; the current backend is "
-                       f"{jax.default_backend()!r} (use implementation='xla' or None)")
+  if platform.target() != 'gpu':
+    raise RuntimeError(f"implementation='cudnn' needs a GPU target; the target is {platform.target()!r} "
+                       "(use implementation='xla' or None)")
   local = None if window is None or window >= q.shape[1] else (window - 1, 0)
   if (sinks and local is not None) or segment_ids is not None:  # Sinks are moot under full causal.
     raise ValueError("implementation='cudnn' supports neither sinks nor segment_ids; use 'xla'")
@@ -28,23 +29,12 @@ def _cudnn(q, k, v, *, window, scale, sinks, segment_ids):
                                       implementation='cudnn')
 
 
-def _pallas(name, kernel, backend):
-  """A Pallas kernel on its own backend, or in interpret mode on CPU (slow: tests); elsewhere a clear error."""
-  def run(q, k, v, **kw):
-    here = jax.default_backend()
-    if here not in (backend, 'cpu'):
-      raise RuntimeError(f'implementation={name!r} needs a {backend.upper()} backend (or CPU, where it runs in '
-                         f"interpret mode); the current backend is {here!r} (use implementation=None)")
-    return kernel(q, k, v, interpret=here == 'cpu', **kw)
-  return run
-
-
 _IMPLEMENTATIONS = {
     'reference': reference.attention,
     'xla': xla.attention,
     'cudnn': _cudnn,
-    'pallas_gpu': _pallas('pallas_gpu', pallas_gpu.attention, 'gpu'),
-    'pallas_tpu': _pallas('pallas_tpu', pallas_tpu.attention, 'tpu'),
+    'pallas_gpu': platform.pallas_runner('pallas_gpu', pallas_gpu.attention, 'gpu'),
+    'pallas_tpu': platform.pallas_runner('pallas_tpu', pallas_tpu.attention, 'tpu'),
 }
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 
@@ -75,7 +65,7 @@ def _bucket(window, t):
 
 
 def _auto(q, window, sinks, segment_ids):
-  backend = jax.default_backend()
+  backend = platform.target()
   if backend != 'gpu':
     return _AUTO.get(backend, 'xla')
   preferred = dict(_GPU_BY_WINDOW)[_bucket(window, q.shape[1])]

@@ -19,6 +19,7 @@ from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax.kernels import platform
 from hybrid_jax.kernels.attention import config
 
 _LOG2E = math.log2(math.e)
@@ -45,7 +46,7 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
     raise ValueError("implementation='pallas_gpu' does not support segment_ids; use 'xla'")
   b, t, hq, d = q.shape
   if interpret is None:
-    interpret = jax.default_backend() != 'gpu'
+    interpret = platform.target() != 'gpu'
   if not interpret and (d < 16 or d & (d - 1)):
     raise ValueError(f"implementation='pallas_gpu' needs a power-of-two head dim >= 16 on GPU, got {d}")
   if window is None or window >= t:
@@ -77,8 +78,10 @@ def _visible(rows, cols, cfg):
 
 
 def _div(x, n):
-  """floor(x / n) for traced x >= 0 (clamped), static n."""
-  return lax.div(jnp.maximum(x, 0), n)
+  """floor(x / n) for traced x >= 0 (clamped), static n (cast to x's integer type: with jax_enable_x64 a Python
+  int would become int64 beside int32 program ids)."""
+  x = jnp.maximum(x, 0)
+  return lax.div(x, jnp.asarray(n, x.dtype))
 
 
 def _clip(x, lo, hi):

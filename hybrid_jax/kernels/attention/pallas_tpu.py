@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
+from hybrid_jax.kernels import platform
 from hybrid_jax.kernels.attention import config
 
 
@@ -43,7 +44,7 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
   """
   b, t, hq, d = q.shape
   if interpret is None:
-    interpret = jax.default_backend() != 'tpu'
+    interpret = platform.target() != 'tpu'
   if window is None or window >= t:
     window, sinks = None, 0
   scale = d**-0.5 if scale is None else scale

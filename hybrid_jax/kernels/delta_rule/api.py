@@ -6,6 +6,7 @@ then (I + L)^-1 stays bounded; with raw keys it blows up. The endpoints 0 and 1 
 sigmoid saturates to exactly 1.
 """
 
+from hybrid_jax.kernels import platform
 from hybrid_jax.kernels.delta_rule import pallas_gpu
 from hybrid_jax.kernels.delta_rule import pallas_tpu
 from hybrid_jax.kernels.delta_rule import reference
@@ -13,7 +14,6 @@ from hybrid_jax.kernels.delta_rule import xla
 from hybrid_jax.kernels.linear_scan.api import check_common
 from hybrid_jax.kernels.linear_scan.api import check_gate
 from hybrid_jax.kernels.linear_scan.api import check_step
-from hybrid_jax.kernels.linear_scan.api import pallas
 from hybrid_jax.kernels.linear_scan.api import resolve
 from hybrid_jax.kernels.linear_scan.api import run_step
 
@@ -21,8 +21,8 @@ _IMPLEMENTATIONS = {
     'reference': lambda q, k, v, g, beta, *, scale, initial_state, chunk_size: reference.gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state),
     'xla': xla.gated_delta_rule,
-    'pallas_gpu': pallas('pallas_gpu', pallas_gpu.gated_delta_rule, 'gpu'),
-    'pallas_tpu': pallas('pallas_tpu', pallas_tpu.gated_delta_rule, 'tpu'),
+    'pallas_gpu': platform.pallas_runner('pallas_gpu', pallas_gpu.gated_delta_rule, 'gpu'),
+    'pallas_tpu': platform.pallas_runner('pallas_tpu', pallas_tpu.gated_delta_rule, 'tpu'),
 }
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 

@@ -5,8 +5,7 @@ product is a 16-row Triton dot; chunks must be multiples of 16. Layout and seque
 scan's GPU kernels (`hybrid_jax.kernels.linear_scan.pallas_gpu`). On CPU the kernels run in interpret mode (tests).
 """
 
-import jax
-
+from hybrid_jax.kernels import platform
 from hybrid_jax.kernels.delta_rule import pallas_delta
 
 MIN_CHUNK = pallas_delta.SUB
@@ -15,7 +14,7 @@ MIN_CHUNK = pallas_delta.SUB
 def gated_delta_rule(q, k, v, log_decay, beta, *, scale, initial_state, chunk_size, interpret=None, block_v=None):
   """Arguments as `hybrid_jax.kernels.gated_delta_rule`; interpret defaults to True off GPU."""
   if interpret is None:
-    interpret = jax.default_backend() != 'gpu'
+    interpret = platform.target() != 'gpu'
   return pallas_delta.gated_delta_rule('gpu', q, k, v, log_decay, beta, scale=scale, initial_state=initial_state,
                                        chunk_size=chunk_size, interpret=interpret, block_v=block_v,
                                        min_chunk=MIN_CHUNK)

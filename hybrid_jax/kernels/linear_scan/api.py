@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax.kernels import platform
 from hybrid_jax.kernels.linear_scan import pallas_gpu
 from hybrid_jax.kernels.linear_scan import pallas_tpu
 from hybrid_jax.kernels.linear_scan import reference
@@ -29,17 +30,6 @@ _PALLAS_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 _warned = set()
 
 
-def pallas(name, kernel, backend):
-  """A Pallas kernel on its own backend, or in interpret mode on CPU (slow: tests); elsewhere a clear error."""
-  def run(*args, **kwargs):
-    here = jax.default_backend()
-    if here not in (backend, 'cpu'):
-      raise RuntimeError(f'implementation={name!r} needs a {backend.upper()} backend (or CPU, where it runs in '
-                         f"interpret mode); the current backend is {here!r} (use implementation=None or 'xla')")
-    return kernel(*args, interpret=here == 'cpu', **kwargs)
-  return run
-
-
 def supports(name, dtype, chunk_size, head_dims=(64, 64)):
   """Whether implementation `name` can run a call with these inputs (the automatic choice checks this)."""
   if name not in _MIN_CHUNK:
@@ -54,7 +44,7 @@ def resolve(implementation, table, kernel, *, dtype=jnp.float32, chunk_size=64, 
   """The callable for an implementation name (None/'auto' -> per-backend default, falling back to 'xla' with one
   warning when the preferred Pallas kernel cannot take this call)."""
   if implementation in (None, 'auto'):
-    backend = jax.default_backend()
+    backend = platform.target()
     implementation = GPU_MEASURED_CHOICE[kernel] if backend == 'gpu' else _AUTO.get(backend, 'xla')
     if not supports(implementation, dtype, chunk_size, head_dims):
       if (kernel, implementation) not in _warned:
@@ -165,8 +155,8 @@ _IMPLEMENTATIONS = {
     'reference': lambda q, k, v, g, *, scale, initial_state, chunk_size: reference.linear_scan(
         q, k, v, g, scale=scale, initial_state=initial_state),
     'xla': xla.linear_scan,
-    'pallas_gpu': pallas('pallas_gpu', pallas_gpu.linear_scan, 'gpu'),
-    'pallas_tpu': pallas('pallas_tpu', pallas_tpu.linear_scan, 'tpu'),
+    'pallas_gpu': platform.pallas_runner('pallas_gpu', pallas_gpu.linear_scan, 'gpu'),
+    'pallas_tpu': platform.pallas_runner('pallas_tpu', pallas_tpu.linear_scan, 'tpu'),
 }
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 

@@ -11,6 +11,7 @@ from flax import nnx
 from hybrid_jax import kernels
 from hybrid_jax.models import cache as cache_lib
 from hybrid_jax.models.layers import dtype_of, init_stds, param, rope
+from hybrid_jax.parallel import activations
 
 
 class Attention(nnx.Module):
@@ -46,11 +47,12 @@ class Attention(nnx.Module):
 
   def __call__(self, x, positions):
     q, k, v = self._qkv(x, positions)
+    return self._out(self._attend(q, k, v))
+
+  def _attend(self, q, k, v):
     if self.spec.kind == 'headwise':
-      o = self._headwise(q, k, v)
-    else:
-      o = kernels.attention(q, k, v, window=self.spec.window, implementation=self.implementation)
-    return self._out(o)
+      return self._headwise(q, k, v)
+    return _kernel(q, k, v, self.spec.window, self.implementation)
 
   # ------------------------------------------------------------------------------------------- decoding
   def _groups(self):
@@ -70,8 +72,7 @@ class Attention(nnx.Module):
   def prefill(self, x, positions, state):
     """The parallel forward pass over a prompt (positions 0..T-1), also filling the caches."""
     q, k, v = self._qkv(x, positions)
-    o = self._headwise(q, k, v) if self.spec.kind == 'headwise' else kernels.attention(
-        q, k, v, window=self.spec.window, implementation=self.implementation)
+    o = self._attend(q, k, v)
     state = [cache_lib.write_prefix(c, k[:, :, kv], v[:, :, kv]) for c, (_, kv) in zip(state, self._groups())]
     return self._out(o), state
 
@@ -93,11 +94,21 @@ class Attention(nnx.Module):
     """The first KV groups attend through the window, the last `full_kv_heads` groups attend fully."""
     n_swa_kv = k.shape[2] - self.spec.full_kv_heads
     n_swa_q = n_swa_kv * self.groups
-    o_swa = kernels.attention(q[:, :, :n_swa_q], k[:, :, :n_swa_kv], v[:, :, :n_swa_kv],
-                              window=self.spec.window, implementation=self.implementation)
-    o_full = kernels.attention(q[:, :, n_swa_q:], k[:, :, n_swa_kv:], v[:, :, n_swa_kv:],
-                               window=None, implementation=self.implementation)
+    o_swa = _kernel(q[:, :, :n_swa_q], k[:, :, :n_swa_kv], v[:, :, :n_swa_kv], self.spec.window,
+                    self.implementation)
+    o_full = _kernel(q[:, :, n_swa_q:], k[:, :, n_swa_kv:], v[:, :, n_swa_kv:], None, self.implementation)
     return jnp.concatenate([o_swa, o_full], axis=2)
+
+
+_Q_AXES = ('batch', None, 'heads', None)  # The kernel needs whole sequences: 'seq' is never split here.
+_KV_AXES = ('batch', None, 'kv_heads', None)
+
+
+def _kernel(q, k, v, window, implementation):
+  """The attention kernel, per shard of batch and heads when a sharded step is traced."""
+  fn = lambda q, k, v: kernels.attention(q, k, v, window=window, implementation=implementation)
+  return activations.shard_local(fn, (q, k, v), (_Q_AXES, _KV_AXES, _KV_AXES), _Q_AXES,
+                                 tied=('heads', 'kv_heads'))
 
 
 def _attend_one(q, k, v, visible):

@@ -12,6 +12,7 @@ from flax import nnx
 
 from hybrid_jax import kernels
 from hybrid_jax.models.layers import dtype_of
+from hybrid_jax.parallel import activations
 
 
 def implementation(cfg):
@@ -68,11 +69,23 @@ def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, chunk_size, i
     else:
       o, state = kernels.gated_delta_rule_step(state, q[:, 0], k[:, 0], v[:, 0], g, beta[:, 0], scale=scale)
     return o[:, None], state
-  if beta is None:
-    return kernels.linear_scan(q, k, v, log_decay, scale=scale, initial_state=state, chunk_size=chunk_size,
-                               implementation=implementation)
-  return kernels.gated_delta_rule(q, k, v, log_decay, beta, scale=scale, initial_state=state,
-                                  chunk_size=chunk_size, implementation=implementation)
+  per_token = lambda x: ('batch', None, 'heads') if x.ndim == 3 else ('heads',)
+  args = (q, k, v, log_decay, beta, state)
+  axes = (_SEQ_AXES, _SEQ_AXES, _SEQ_AXES, per_token(log_decay), beta is not None and per_token(beta), _STATE_AXES)
+
+  def kernel(q, k, v, log_decay, beta, state):
+    if beta is None:
+      return kernels.linear_scan(q, k, v, log_decay, scale=scale, initial_state=state, chunk_size=chunk_size,
+                                 implementation=implementation)
+    return kernels.gated_delta_rule(q, k, v, log_decay, beta, scale=scale, initial_state=state,
+                                    chunk_size=chunk_size, implementation=implementation)
+
+  # Per shard of batch and heads when a sharded step is traced (key and value heads split alike or not at all).
+  return activations.shard_local(kernel, args, axes, (_SEQ_AXES, _STATE_AXES), tied=('heads',))
+
+
+_SEQ_AXES = ('batch', None, 'heads', None)  # q, k [B, T, Hk, K] and v, o [B, T, Hv, V]; whole sequences.
+_STATE_AXES = ('batch', 'heads', None, None)
 
 
 class DecodeMixin:

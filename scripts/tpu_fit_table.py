@@ -1,0 +1,73 @@
+"""Writes docs/TPU_FIT.md: the study's train steps compiled for TPU topologies sized per scale (compile-check's rows).
+
+  python scripts/tpu_fit_table.py --out docs/TPU_FIT.md                        # every arch x S1-S5, 16K and 32K
+  python scripts/tpu_fit_table.py --archs swa128,gdn --scales s1 --chips v5p   # a part of it
+
+Each (arch, scale, context, chip) is one `python -m hybrid_jax compile-check --topology=...` row, in one process
+(libtpu loads once). Rows are kept in OUT.json as they finish, so an interrupted run resumes where it stopped.
+Compiling takes minutes per row on a 2-core host (more for large topologies).
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# chip -> scale -> topology: sized so that the study's 64 x 16K batch splits evenly and the step fits.
+TOPOLOGIES = {
+    'v5p': {'s1': 'v5p:2x2x1', 's2': 'v5p:2x2x1', 's3': 'v5p:2x2x2', 's4': 'v5p:2x2x2', 's5': 'v5p:2x4x4'},
+    'v6e': {'s1': 'v6e:2x4', 's2': 'v6e:2x4', 's3': 'v6e:4x4', 's4': 'v6e:4x4', 's5': 'v6e:4x8'},
+}
+CONTEXTS = {'16k': '', '32k': ',stage=extend32k,init_from=runs/none'}
+
+
+def main(argv=None):
+  from configs import hybrid
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--out', default=str(ROOT / 'docs' / 'TPU_FIT.md'))
+  p.add_argument('--archs', default=','.join(hybrid.ARCHES))
+  p.add_argument('--scales', default='s1,s2,s3,s4,s5')
+  p.add_argument('--chips', default=','.join(TOPOLOGIES))
+  p.add_argument('--contexts', default=','.join(CONTEXTS))
+  args = p.parse_args(argv)
+  from hybrid_jax.config import load_config_file, validate
+  from hybrid_jax.parallel import compile_check
+  out = pathlib.Path(args.out)
+  store = out.with_suffix('.json')
+  rows = json.loads(store.read_text()) if store.exists() else []
+  done = {(r['arch'], r['scale'], r['seq_len'], r['target']) for r in rows}
+  targets = {}
+  for context in args.contexts.split(','):
+    for scale in args.scales.split(','):
+      for arch in args.archs.split(','):
+        for chip in args.chips.split(','):
+          topology = TOPOLOGIES[chip][scale]
+          config = validate(load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}'
+                                             f'{CONTEXTS[context]}'))
+          if (arch, scale, config.data.seq_len, topology) in done:
+            continue
+          if topology not in targets:
+            targets[topology] = compile_check.tpu_target(topology)
+          rows.append(compile_check.check(config, targets[topology]))
+          store.write_text(json.dumps(rows, indent=1) + '\n')
+          print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
+  versions = ', '.join(f'{n} {importlib.metadata.version(n)}' for n in ('jax', 'jaxlib', 'libtpu', 'flax'))
+  header = (f'# The study on Cloud TPU: what fits where\n\nGenerated {datetime.date.today()} by '
+            f'`python scripts/tpu_fit_table.py` ({versions}) on a CPU host: each row is\n'
+            '`python -m hybrid_jax compile-check --config=configs/hybrid.py:arch=A,scale=S --topology=T`, the '
+            "study's train step\n(64 x 16,384 tokens, or 64 x 32,768 for the extension stage) compiled for the "
+            'topology through the Pallas TPU kernels.\n`fits`: compiled peak per chip within the HBM below; '
+            '`fix`: a change compile-check verified to fit.\n**est. step s** is a roofline estimate, '
+            'max(model FLOPs / peak, XLA bytes accessed / HBM bandwidth) per chip, a lower\nbound that ignores '
+            'communication and kernel efficiency; not a measurement.\n\n')
+  out.write_text(header + compile_check.table(rows) + '\n')
+  print(f'wrote {out} ({len(rows)} rows)')
+
+
+if __name__ == '__main__':
+  main()

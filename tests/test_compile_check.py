@@ -1,0 +1,89 @@
+"""compile-check: the fit verdict against a memory limit, the verified fix, the roofline estimate, multislice."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from hybrid_jax.config import validate
+from hybrid_jax.parallel import chips, compile_check, mesh as mesh_lib
+from tests.conftest import ROOT, study_config
+
+
+def tiny(batch=8, seq_len=128):
+  c = study_config('swa128')
+  c.model.update(dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64, d_ff=128, window=32,
+                      vocab_size=256))
+  c.data.seq_len = seq_len
+  c.train.update(dict(batch_size=batch, warmup_steps=1, steps=4))
+  return validate(c)
+
+
+CPU = compile_check.Target('cpu x 1', tuple(jax.devices('cpu')[:1]))
+
+
+def test_a_step_over_the_limit_is_fixed_by_a_change_that_is_compiled_and_fits():
+  config = tiny()
+  whole = compile_check.compile_step(config, CPU)['per_device_bytes']['peak']
+  one_row = tiny()
+  one_row.train.grad_accum = 8
+  smallest = compile_check.compile_step(one_row, CPU)['per_device_bytes']['peak']
+  assert smallest < whole  # Activations of one sequence instead of eight.
+  limit = (smallest + whole) / 2
+  row = compile_check.check(config, CPU, memory_limit=limit)
+  assert row['fits'] is False and row['per_device_bytes']['peak'] == whole
+  fix = row['fix']
+  assert fix['change'].startswith('train.grad_accum=') and fix['per_device_bytes']['peak'] <= limit
+  # The fewest accumulation steps that fit: the next smaller count was compiled and did not fit.
+  accum = int(fix['change'].split('=')[1].split()[0])
+  tried = {t['change'].split()[0]: t for t in fix['tried']}
+  assert tried[f'train.grad_accum={accum}']['fits']
+  if accum > 2:
+    assert tried[f'train.grad_accum={accum // 2}']['fits'] is False
+
+
+def test_nothing_fits_a_limit_below_the_parameters():
+  row = compile_check.check(tiny(), CPU, memory_limit=1000)
+  assert row['fits'] is False and 'change' not in row['fix'] and row['fix']['tried']
+  assert all(t['fits'] is False for t in row['fix']['tried'])
+
+
+@pytest.fixture(scope='module')
+def tpu():
+  try:
+    return compile_check.tpu_target('v5e:2x2')
+  except mesh_lib.MeshError as e:
+    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
+      raise
+    pytest.skip(f"libtpu is missing ({e}); pip install -e '.[tpu]'")
+
+
+def test_tpu_row_fits_and_its_estimate_is_the_roofline(tpu):
+  config = tiny()
+  config.parallel.fsdp = 2
+  row = compile_check.check(config, tpu)
+  spec = chips.chip('TPU v5 lite')
+  assert row['device_kind'] == 'TPU v5 lite' and row['hbm_bytes'] == spec.hbm_bytes and row['fits'] is True
+  assert row['mesh'] == {'data': 2, 'fsdp': 2, 'tensor': 1} and row['per_chip_batch'] == 2
+  compute = row['model_flops_per_chip'] / (spec.peak_bf16_tflops * 1e12)
+  memory = row['xla_bytes_accessed_per_chip'] / spec.hbm_bytes_per_s
+  assert row['estimate']['step_s'] == pytest.approx(max(compute, memory))
+  assert row['estimate']['bound'] == ('compute' if compute >= memory else 'memory')
+  assert row['estimate']['tokens_per_s'] == pytest.approx(8 * 128 / max(compute, memory))
+
+
+def test_multislice_compiles_with_data_parallelism_across_slices(tmp_path):
+  """Two v5e:2x2 slices: the DCN axis becomes data parallelism when the config sets no across-slice shape."""
+  pytest.importorskip('libtpu')
+  args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--topology=v5e:2x2', '--num_slices=2',
+          f'--config={ROOT}/configs/hybrid.py:arch=gdn,scale=tiny', '--config.model.num_layers=2',
+          '--config.model.d_model=64', '--config.data.seq_len=128', f'--json={tmp_path}/rows.json']
+  out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  [row] = json.loads((tmp_path / 'rows.json').read_text())
+  assert row['chips'] == 8 and row['target'] == 'v5e:2x2 x 2 slices' and row['fits'] is True
+  assert row['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
+  assert 'libtpu' not in out.stderr.lower() and 'TPU_' not in out.stderr  # Quiet on a host without TPUs.

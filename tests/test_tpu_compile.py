@@ -1,0 +1,171 @@
+"""Every arch compiles for a real TPU topology from this CPU host, through the Pallas (Mosaic) kernels.
+
+libtpu (the `tpu` extra) describes TPU topologies and compiles for them ahead of time without a TPU. Each arch's
+forward pass (the eval step), sharded train step (data x fsdp over a v5e:2x2 slice) and decode programs (prefill,
+one-token step) are lowered and compiled; the lowered programs must hold the Mosaic kernels (`tpu_custom_call`),
+run them per shard (each kernel sees one device's part of the batch), and hold no dense T x T attention. The
+same step lowered for the CPU holds no Mosaic kernel. Without libtpu these tests skip, except where
+HYBRID_JAX_REQUIRE_LIBTPU is set (CI), where a missing libtpu fails them.
+"""
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from configs import hybrid
+from hybrid_jax import kernels
+from hybrid_jax.config import validate
+from hybrid_jax.kernels import platform
+from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+from hybrid_jax.train import optim, state as state_lib, step as step_lib
+from tests.conftest import study_config
+
+# The study's arches by mixer code path: swa512 and swa2048 differ from swa128 only in the window, which the tiny
+# models below set to 64 for every SWA layer (so that it is smaller than T).
+ARCHES = [a for a in hybrid.ARCHES if a not in ('swa512', 'swa2048')]
+TOPOLOGY = 'v5e:2x2'
+T = 512  # One splash block; no tensor of the tiny models but attention scores is T x T.
+BATCH = 8  # Two sequences per chip on the 2 x 2 (data x fsdp) mesh.
+KERNEL = 'tpu_custom_call'
+
+
+@pytest.fixture(scope='module', autouse=True)
+def no_persistent_cache():
+  """TPU executables compiled without a TPU client cannot be read back from the persistent cache: skip it."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)
+  yield
+  jax.config.update('jax_enable_compilation_cache', enabled)
+
+
+@pytest.fixture(scope='module')
+def tpu_devices():
+  try:
+    return mesh_lib.topology_devices(TOPOLOGY)
+  except mesh_lib.MeshError as e:
+    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
+      raise
+    pytest.skip(f"libtpu is missing, so no TPU topology can be described ({e}); pip install -e '.[tpu]'")
+
+
+def tiny(arch):
+  c = study_config(arch)
+  c.model.update(dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64, d_ff=128, window=64,
+                      vocab_size=256))
+  c.data.seq_len = T
+  c.train.update(dict(batch_size=BATCH, warmup_steps=1, steps=4))
+  c.parallel.update(dict(data=2, fsdp=2))
+  return validate(c)
+
+
+def lowered_steps(config, devices):
+  """(lowered train step, lowered eval step) for `config` on a mesh of `devices`, from shapes only."""
+  mesh = mesh_lib.make_mesh(config.parallel, devices)
+  model_def = state_lib.make_model_def(config.model)
+  tx = optim.make_optimizer(config.train)
+  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
+  abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),
+                                            shardings.state)
+  tokens = jax.ShapeDtypeStruct((BATCH, T), jnp.int32, sharding=shardings.batch)
+  batch = {'inputs': tokens, 'targets': tokens}
+  train = step_lib.make_train_step(model_def, tx, config.train, shardings).lower(abstract, batch)
+  evaluate = step_lib.make_eval_step(model_def, shardings).lower(abstract['params'], batch)
+  return train, evaluate
+
+
+def lowered_decode(config, device):
+  """(lowered prefill of T tokens, lowered one-token step) on one device of the topology."""
+  model_def = state_lib.make_model_def(config.model)
+  params = jax.eval_shape(lambda: state_lib.init_params(config.model, 0))
+  mesh = Mesh([device], ('one',))
+  one = NamedSharding(mesh, P())
+  state = jax.eval_shape(lambda p: model_def.bind(p).init_decode_state(2, T), params)
+  place = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), tree)
+  params, state = place(params), place(state)
+  prefill = jax.jit(lambda p, tokens, s: model_def.bind(p).prefill(tokens, s))
+  step = jax.jit(lambda p, token, position, s: model_def.bind(p).step(token, position, s))
+  # Outside a sharded step nothing names the chip; Mosaic reads its generation from the abstract mesh.
+  with platform.targeting([device]), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    return (prefill.lower(params, jax.ShapeDtypeStruct((2, T), jnp.int32, sharding=one), state),
+            step.lower(params, jax.ShapeDtypeStruct((2,), jnp.int32, sharding=one),
+                       jax.ShapeDtypeStruct((), jnp.int32, sharding=one), state))
+
+
+def kernel_operand_shapes(text):
+  """The operand shapes of every Mosaic kernel call in a lowered (StableHLO) program."""
+  calls = [line for line in text.splitlines() if f'@{KERNEL}(' in line]
+  return [tuple(int(n) for n in dims.split('x')) for line in calls
+          for dims in re.findall(r'tensor<([\dx]+)x[a-z]', line.split(') -> ')[0].split(' : (')[-1])]
+
+
+def has_dense_scores(text):
+  return f'{T}x{T}x' in text
+
+
+@pytest.mark.parametrize('arch', ARCHES)
+def test_every_arch_compiles_for_tpu_through_the_pallas_kernels(arch, tpu_devices):
+  config = tiny(arch)
+  train, evaluate = lowered_steps(config, tpu_devices)
+  prefill, step = lowered_decode(config, tpu_devices[0])
+  for name, lowered in (('train', train), ('forward', evaluate), ('prefill', prefill)):
+    text = lowered.as_text()
+    assert KERNEL in text, f'{arch} {name}: no Mosaic kernel in the TPU program'
+    assert not has_dense_scores(text), f'{arch} {name}: a dense {T}x{T} attention in the TPU program'
+  for name, lowered in (('train', train), ('forward', evaluate)):
+    # Sharded steps run each kernel on one device's part of the batch (shard_map): its [B, H, T, D]-like
+    # operands carry BATCH / 4 rows (the kernels' other operands are small block tables).
+    batched = [s for s in kernel_operand_shapes(lowered.as_text()) if len(s) == 4]
+    assert batched and {s[0] for s in batched} == {BATCH // 4}, f'{arch} {name}: {sorted(set(batched))}'
+  for name, lowered in (('train', train), ('forward', evaluate), ('prefill', prefill), ('step', step)):
+    compiled = lowered.compile()
+    assert compiled.memory_analysis().temp_size_in_bytes > 0, f'{arch} {name}'
+
+
+def test_recurrent_kernels_are_mosaic_too(tpu_devices):
+  """The scans (forward and backward) are Pallas kernels in the TPU train step, beside attention's."""
+  full_only = kernel_operand_shapes(lowered_steps(tiny('full'), tpu_devices)[0].as_text())
+  for arch in ('lightning', 'mamba2', 'gdn'):
+    with_scan = kernel_operand_shapes(lowered_steps(tiny(arch), tpu_devices)[0].as_text())
+    assert len(with_scan) > len(full_only), arch
+
+
+def test_the_cpu_program_has_no_mosaic_kernel():
+  config = tiny('gdn')
+  config.parallel.update(dict(data=1, fsdp=1))
+  train, evaluate = lowered_steps(config, jax.devices('cpu')[:1])
+  assert KERNEL not in train.as_text() and KERNEL not in evaluate.as_text()
+
+
+def test_attention_sinks_compile_for_tpu(tpu_devices):
+  """The sink-plus-window mask (a mask computed inside the splash kernel) lowers through Mosaic."""
+  mesh = Mesh(tpu_devices[:1], ('one',))
+  one = NamedSharding(mesh, P())
+  q = jax.ShapeDtypeStruct((1, T, 4, 128), jnp.bfloat16, sharding=one)
+  kv = jax.ShapeDtypeStruct((1, T, 2, 128), jnp.bfloat16, sharding=one)
+  fn = jax.jit(lambda q, k, v: kernels.attention(q, k, v, window=64, sinks=4))
+  with platform.targeting(tpu_devices), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    lowered = fn.lower(q, kv, kv)
+  assert KERNEL in lowered.as_text()
+  lowered.compile()
+
+
+@pytest.mark.parametrize('where,attention,scan', [('tpu', 'pallas_tpu', 'pallas_tpu'), ('cpu', 'xla', 'xla')])
+def test_the_automatic_choice_follows_the_target(where, attention, scan):
+  from hybrid_jax.kernels.attention import api as attention_api
+  from hybrid_jax.kernels.linear_scan import api as scan_api
+  q = jnp.zeros((1, 256, 2, 64), jnp.bfloat16)
+  with platform.targeting(where):
+    assert attention_api._auto(q, 64, 0, None) == attention  # pylint: disable=protected-access
+    assert scan_api.resolve(None, {'xla': 'xla', 'pallas_tpu': 'pallas_tpu'}, 'linear_scan',
+                            dtype=jnp.bfloat16, chunk_size=64) == scan
+  assert platform.target() == jax.default_backend()
+
+
+def test_a_gpu_kernel_refuses_a_tpu_target():
+  q = jnp.zeros((1, 128, 2, 64), jnp.float32)
+  with platform.targeting('tpu'), pytest.raises(RuntimeError, match="needs a GPU target"):
+    kernels.attention(q, q, q, implementation='pallas_gpu')
