@@ -103,6 +103,7 @@ def test_niah_and_ruler_write_scores_and_heat_map(tiny_run, tmp_path):
   assert niah['scores'] == expected and niah['average'] == pytest.approx(np.mean(expected))
   ruler_result = json.loads((out / 'ruler.json').read_text())
   assert set(ruler_result['by_context']['520']['per_task']) == {'niah_single_1'}
+  assert niah['word_source'] == ruler_result['word_source'] == 'wonderwords'  # RULER's own key words.
 
 
 def test_niah_scores_place_each_answer_in_its_depth_and_length_cell(tiny_run, tmp_path, monkeypatch):
