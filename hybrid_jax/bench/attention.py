@@ -112,7 +112,7 @@ def measure(t, window, impl, args):
     row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (q, k, v), args.repeats, args.min_seconds)
     row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (q, k, v, do), args.repeats, args.min_seconds)
   except Exception as e:  # pylint: disable=broad-except  # One failing config must not end the sweep.
-    row['error'] = f'{type(e).__name__}: {e}'.split('\n')[0][:200]
+    row.update(timing.failure(e))
     return row
   row['fwd_tflops'] = flops / row['fwd_ms'] / 1e9
   row['fwd_bwd_tflops'] = 3.5 * flops / row['fwd_bwd_ms'] / 1e9
@@ -172,7 +172,8 @@ def _table(rows, baselines):
   lines = ['| ' + ' | '.join(cols) + ' |', '|' + ' --- |' * len(cols)]
   for r in rows:
     if 'error' in r:
-      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), r['error'][:80]]
+      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'),
+               timing.headline(r['error'], 80)]
       cells += [''] * (len(cols) - 5)
     else:
       cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), f(r['fwd_ms'], '.3f'), f(r['fwd_tflops'], '.3f'),
@@ -205,7 +206,7 @@ def main(argv=None):
         rows.append(measure(t, window, impl, args))
         r = rows[-1]
         print(f"  {impl} T={t} window={window or 'full'}: "
-              + (r['error'] if 'error' in r else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms"),
+              + (timing.headline(r['error']) if 'error' in r else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms"),
               flush=True)
   baselines = [a for a in _ANCHORS if a in args.impls] or args.impls[:1]
   _add_ratios(rows, baselines, ceiling)
@@ -219,7 +220,11 @@ def main(argv=None):
     with open(args.json, 'w') as f:
       json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f'wrote {args.json}')
-  return 0
+  failed = [r for r in rows if 'error' in r]
+  if failed:
+    print(f'attention bench: {len(failed)} of {len(rows)} measurements failed (whole errors in the JSON rows)',
+          file=sys.stderr)
+  return 1 if failed else 0
 
 
 if __name__ == '__main__':
