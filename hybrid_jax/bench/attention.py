@@ -5,7 +5,7 @@ Reports the median step time after warm-up (compile time apart), model TFLOP/s f
 next at the same window (about 2x per doubling for a sliding window, O(T*w); about 4x for full causal, O(T^2)),
 the speed relative to each anchor implementation (cudnn, xla) and the fraction of a bf16 GEMM ceiling, both
 measured in the same run. On CPU only ratios mean much; absolute speed needs a GPU or TPU. The GPU defaults are
-the BENCH.md anchor shapes: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows 128/512/2048/full.
+the anchor shapes of docs/BENCHMARKING.md: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows 128/512/2048/full.
 
   python -m hybrid_jax bench attention --seq-lens 2048,4096 --windows 128,full --json out.json
 """
@@ -22,7 +22,7 @@ import numpy as np
 from hybrid_jax.bench import timing
 from hybrid_jax.kernels import attention
 
-# Per backend defaults. CPU ones finish in a minute or two; GPU ones are the BENCH.md anchor shapes.
+# Per backend defaults. CPU ones finish in a minute or two; GPU ones are the anchor shapes (docs/BENCHMARKING.md).
 _DEFAULTS = {
     'cpu': dict(seq_lens='2048,4096,8192', windows='128,full', impls='xla', batch=1, heads=4, head_dim=64,
                 dtype='float32', repeats=5, gemm=1024),
