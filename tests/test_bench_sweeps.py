@@ -1,8 +1,10 @@
-"""The attention and scan benchmark sweeps' failure handling (not their speed): a failed measurement keeps its
-whole error in the JSON, the other measurements still run, and the command exits non-zero."""
+"""The kernel and decode benchmark programs' machinery (not their speed): a failed measurement of a sweep keeps its
+whole error in the JSON while the others still run and the command exits non-zero; decode rows report the real
+decode state."""
 
 import json
 
+import jax
 import pytest
 
 from hybrid_jax.bench import attention as bench_attention
@@ -60,3 +62,19 @@ def test_a_sweep_without_failures_exits_zero(tmp_path, bench):
   out = tmp_path / 'out.json'
   assert main(argv + ['--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--json', str(out)]) == 0
   assert all('error' not in r for r in json.loads(out.read_text())['rows'])
+
+
+def test_decode_bench_reports_the_state_it_decodes_with(tmp_path, monkeypatch):
+  """`bench decode` for one arch and context (a 2-layer model keeps it fast): its row's state size is the model's
+  own decode state for that context plus the steps it decodes, however long the steps took."""
+  from hybrid_jax.bench import decode as bench_decode
+  from hybrid_jax.train import state as state_lib
+  from tests.conftest import small_config
+  monkeypatch.setattr(bench_decode, 'load_config_file', lambda spec: small_config('full'))
+  out = tmp_path / 'decode.json'
+  assert bench_decode.main(['--arches', 'full', '--contexts', '32', '--steps', '2', '--json', str(out)]) == 0
+  [row] = json.loads(out.read_text())
+  assert (row['arch'], row['layers'], row['context']) == ('full', 'full', 32) and row['ms_per_token'] > 0
+  model_def, params = state_lib.init_model(small_config('full').model, 0)
+  state = jax.eval_shape(lambda p: model_def.bind(p).init_decode_state(1, 32 + 2), params)
+  assert row['state_mib'] * 2**20 == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))

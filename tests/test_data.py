@@ -406,6 +406,22 @@ def test_tfds_build_reports_undecodable_documents_once(tmp_path, caplog):
   assert sorted(texts) == sorted(['fine text', 'caf\ufffd au lait', '\ufffd' * 6])
 
 
+def test_build_tfds_command_prints_the_flags_that_train_on_it(tmp_path, capsys):
+  root = tmp_path / 'docs'
+  root.mkdir()
+  for i in range(3):
+    (root / f'{i}.txt').write_text(f'document number {i}')
+  assert tfds_local.main([str(root), str(tmp_path / 'tfds')]) == 0
+  [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith('--config.')]
+  flags = dict(f.removeprefix('--config.data.').split('=', 1) for f in line.split())
+  c = make_config(**flags)
+  texts = [s[i] for s in (sources.make_source(c.data, 'train'), sources.make_source(c.data, 'eval'))
+           for i in range(len(s))]
+  assert sorted(texts) == [f'document number {i}' for i in range(3)]
+  assert tfds_local.main([str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
+  assert 'matches no' in capsys.readouterr().err
+
+
 def test_tfds_missing_dataset(tmp_path):
   c = make_config(source='tfds', tfds_name='hybrid_jax_local_files/nothere', tfds_data_dir=str(tmp_path))
   with pytest.raises(ConfigError, match='nothere'):
