@@ -161,13 +161,26 @@ def _write_mixed_files(root):
   (root / 'ignored.csv').write_text('not read')
 
 
+def _write_docs(root, contents):
+  """Writes {file name: bytes} under a new directory `root`."""
+  root.mkdir()
+  for name, data in contents.items():
+    (root / name).write_bytes(data)
+  return root
+
+
+def _texts_of_both_splits(data_cfg):
+  return [s[i] for s in (sources.make_source(data_cfg, 'train'), sources.make_source(data_cfg, 'eval'))
+          for i in range(len(s))]
+
+
+LATIN1 = {'good.txt': b'fine text', 'latin1.txt': b'caf\xe9 au lait'}  # The second is not UTF-8.
+
+
 def test_undecodable_documents_are_counted_and_reported_once_per_source(tmp_path, caplog):
   """Bytes that are not UTF-8 are read as U+FFFD (nothing dropped), and each source says so once with its count."""
-  root = tmp_path / 'docs'
-  root.mkdir()
-  (root / 'good.txt').write_text('fine text')
-  (root / 'latin1.txt').write_bytes(b'caf\xe9 au lait')
-  (root / 'lines.jsonl').write_bytes(b'{"text": "ok"}\n{"text": "bad \xff byte"}\n{"text": "also \xfe bad"}\n')
+  root = _write_docs(tmp_path / 'docs', {
+      **LATIN1, 'lines.jsonl': b'{"text": "ok"}\n{"text": "bad \xff byte"}\n{"text": "also \xfe bad"}\n'})
   cfg = make_config(source='files', paths=str(root), eval_fraction=0.5).data
   with caplog.at_level(logging.WARNING):
     train, held_out = sources.make_source(cfg, 'train'), sources.make_source(cfg, 'eval')
@@ -391,33 +404,22 @@ def test_tfds_local_builder_round_trip(tmp_path, corpus):
 
 
 def test_tfds_build_reports_undecodable_documents_once(tmp_path, caplog):
-  root = tmp_path / 'docs'
-  root.mkdir()
-  (root / 'good.txt').write_text('fine text')
-  (root / 'latin1.txt').write_bytes(b'caf\xe9 au lait')
-  (root / 'koi8.txt').write_bytes(b'\xf0\xd2\xc9\xd7\xc5\xd4')
+  root = _write_docs(tmp_path / 'docs', {**LATIN1, 'koi8.txt': b'\xf0\xd2\xc9\xd7\xc5\xd4'})
   with caplog.at_level(logging.WARNING):
     name = tfds_local.build_local_tfds(str(root), str(tmp_path / 'tfds'), eval_fraction=0.3)
   warnings = [r.getMessage() for r in caplog.records if 'not UTF-8' in r.getMessage()]
   assert len(warnings) == 1 and '2 of 3 documents' in warnings[0]
   c = make_config(source='tfds', tfds_name=name, tfds_data_dir=str(tmp_path / 'tfds'))
-  texts = [s[i] for s in (sources.make_source(c.data, 'train'), sources.make_source(c.data, 'eval'))
-           for i in range(len(s))]
-  assert sorted(texts) == sorted(['fine text', 'caf\ufffd au lait', '\ufffd' * 6])
+  assert sorted(_texts_of_both_splits(c.data)) == sorted(['fine text', 'caf\ufffd au lait', '\ufffd' * 6])
 
 
 def test_build_tfds_command_prints_the_flags_that_train_on_it(tmp_path, capsys):
-  root = tmp_path / 'docs'
-  root.mkdir()
-  for i in range(3):
-    (root / f'{i}.txt').write_text(f'document number {i}')
+  root = _write_docs(tmp_path / 'docs', {f'{i}.txt': f'document number {i}'.encode() for i in range(3)})
   assert tfds_local.main([str(root), str(tmp_path / 'tfds')]) == 0
   [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith('--config.')]
   flags = dict(f.removeprefix('--config.data.').split('=', 1) for f in line.split())
   c = make_config(**flags)
-  texts = [s[i] for s in (sources.make_source(c.data, 'train'), sources.make_source(c.data, 'eval'))
-           for i in range(len(s))]
-  assert sorted(texts) == [f'document number {i}' for i in range(3)]
+  assert sorted(_texts_of_both_splits(c.data)) == [f'document number {i}' for i in range(3)]
   assert tfds_local.main([str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
   assert 'matches no' in capsys.readouterr().err
 
