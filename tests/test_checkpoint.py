@@ -84,7 +84,8 @@ def test_other_restore_failures_stop_with_their_cause_and_move_nothing(tmp_path,
     return real_restore(step, **kwargs)
 
   monkeypatch.setattr(ckpt.manager, 'restore', failing_restore)
-  with pytest.raises(checkpoint.CheckpointError, match=re.escape(f'step 2 in {tmp_path / "ck"} failed with {type(error).__name__}: {error}')) as info:
+  cause = f'step 2 in {tmp_path / "ck"} failed with {type(error).__name__}: {error}'
+  with pytest.raises(checkpoint.CheckpointError, match=re.escape(cause)) as info:
     ckpt.restore_latest(_abstract(), _iterator())
   assert info.value.__cause__ is error
   assert ckpt.all_steps() == [1, 2] and not (tmp_path / 'ck.unrestorable').exists()

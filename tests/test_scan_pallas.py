@@ -1,9 +1,9 @@
 """Pallas scan kernels (GPU- and TPU-style, linear scan and gated delta rule) in interpret mode on CPU.
 
 Values, final states and the gradients of every input (loss = sum(o * do) + sum(S_T * dS), non-zero initial state)
-against the float64 token-by-token reference on the same rounded inputs; thresholds as docs/KERNELS.md, "Tolerances" (fp32 1e-5;
-bf16 5e-3 outputs/states, 1e-2 dq/dk/dv and d initial_state, 2e-2 gate and beta). Interpret-mode programs are compile-bound, so cases
-that differ only in data (gate exactly 0, zeroed at random, strong decay) share one compiled program, and shapes
+against the float64 token-by-token reference on the same rounded inputs; thresholds as docs/KERNELS.md,
+"Tolerances" (fp32 1e-5; bf16 5e-3 outputs/states, 1e-2 dq/dk/dv and d initial_state, 2e-2 gate and beta).
+Interpret-mode programs are compile-bound, so cases that differ only in data (gate exactly 0, zeroed at random, strong decay) share one compiled program, and shapes
 are tiny. Larger head dims and long sequences are marked slow (`pytest -m slow tests/test_scan_pallas.py`).
 """
 
@@ -77,7 +77,8 @@ def check(kernel, impl, args, cots, chunk, dtype=jnp.float32):
 
 
 def compare(kernel, got, args, cots, dtype=jnp.float32):
-  """Output, final state and every input's gradient against the float64 reference, within docs/KERNELS.md's tolerances."""
+  """Output, final state and every input's gradient against the float64 reference, within the tolerances of
+  docs/KERNELS.md."""
   o, s, grads = got
   o64, s64, g64 = reference(kernel, args, cots)
   assert o.dtype == dtype and s.dtype == jnp.float32

@@ -5,7 +5,8 @@ Reports the median step time after warm-up (compile time apart), model TFLOP/s f
 next at the same window (about 2x per doubling for a sliding window, O(T*w); about 4x for full causal, O(T^2)),
 the speed relative to each anchor implementation (cudnn, xla) and the fraction of a bf16 GEMM ceiling, both
 measured in the same run. On CPU only ratios mean much; absolute speed needs a GPU or TPU. The GPU defaults are
-the anchor shapes of docs/BENCHMARKING.md: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows 128/512/2048/full.
+the anchor shapes of docs/BENCHMARKING.md: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows
+128/512/2048/full.
 
   python -m hybrid_jax bench attention --seq-lens 2048,4096 --windows 128,full --json out.json
 """
@@ -205,9 +206,9 @@ def main(argv=None):
       for t in args.seq_lens:
         rows.append(measure(t, window, impl, args))
         r = rows[-1]
-        print(f"  {impl} T={t} window={window or 'full'}: "
-              + (timing.headline(r['error']) if 'error' in r else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms"),
-              flush=True)
+        result = (timing.headline(r['error']) if 'error' in r
+                  else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms")
+        print(f"  {impl} T={t} window={window or 'full'}: {result}", flush=True)
   baselines = [a for a in _ANCHORS if a in args.impls] or args.impls[:1]
   _add_ratios(rows, baselines, ceiling)
   print(_table(rows, baselines))

@@ -1,17 +1,17 @@
 """Recurrent-mixer speed: linear_scan and gated_delta_rule per implementation and T, optionally against fla.
 
 Reports the median step time after warm-up (compile time apart) of the forward and the forward+backward pass,
-model TFLOP/s (chunk FLOP model, docs/KERNELS.md: fwd 2C(K+V) + 4KV per token and head for the scalar-decay scan; the
-delta rule adds K K^T, the inverse, W, U and W S; fwd+bwd counted as 3x fwd), model GB/s (each input and output
+model TFLOP/s (chunk FLOP model of docs/KERNELS.md: fwd 2C(K+V) + 4KV per token and head for the scalar-decay
+scan; the delta rule adds K K^T, the inverse, W, U and W S; fwd+bwd counted as 3x fwd), model GB/s (each input and output
 tensor moved once: fwd q, k, v, o; fwd+bwd also do, dq, dk, dv) and the fraction of the same-run copy bandwidth,
 the speed-up over --baseline measured in the same run, the time growth from one T to the next, and where fla is
 importable (`--fla`; PyTorch/Triton, GPU only) the same-run ratio to fla's chunk_simple_gla / chunk_lightning_attn
-(linear_scan) and chunk_gated_delta_rule. On CPU only the ratios mean much. The GPU defaults are the anchor shapes of docs/BENCHMARKING.md:
-bf16, B=4, H=16, K=V=128, T in {2K, 8K, 32K}.
+(linear_scan) and chunk_gated_delta_rule. On CPU only the ratios mean much. The GPU defaults are the anchor
+shapes of docs/BENCHMARKING.md: bf16, B=4, H=16, K=V=128, T in {2K, 8K, 32K}.
 
 --parity first checks values and every gradient of the Pallas kernel of this backend (and the automatic choice)
-against the float64 reference at the docs/KERNELS.md tolerances, compiled on the device (not interpret mode), for every
-chunk size and head dim the code may be given.
+against the float64 reference at the docs/KERNELS.md tolerances, compiled on the device (not interpret mode),
+for every chunk size and head dim the code may be given.
 
   python -m hybrid_jax bench scan --seq-lens 1024,4096,16384 --json out.json
   python -m hybrid_jax bench scan --parity --fla --json out.json          (GPU machine: scripts/device/scan_gpu.sh)
@@ -85,8 +85,8 @@ def _parse(argv):
 
 
 def model_flops(kernel, t, args):
-  """Forward FLOPs of the chunked form (docs/KERNELS.md, "FLOP model"); the delta rule adds K K^T (2CK), the inverse (~2C^2/3),
-  W and U (2C(K+V)) and W S (2KV) per token and head."""
+  """Forward FLOPs of the chunked form (docs/KERNELS.md, "FLOP model"); the delta rule adds K K^T (2CK), the
+  inverse (~2C^2/3), W and U (2C(K+V)) and W S (2KV) per token and head."""
   c, d = args.chunk_size, args.head_dim
   per_token = 2 * c * (d + d) + 4 * d * d
   if kernel == 'gated_delta_rule':
