@@ -31,6 +31,21 @@ def test_study_shapes():
   assert study_config('swa2048').model.window == 2048
 
 
+def test_the_main_job_and_study_scales_are_configured_as_benchmarks_md_records():
+  """BENCHMARKS.md's tiny step: d_model 128, 4 layers, 4 heads / 2 KV heads of 32, SwiGLU 320, bytes (257),
+  755,072 parameters, float32, batch 8 x 512; the study scales compute in bfloat16 with remat save_dots."""
+  from hybrid_jax.models import counting
+  c = study_config('swa128_nope', 'tiny')
+  m = c.model
+  assert (m.d_model, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim, m.d_ff, m.vocab_size) == (
+      128, 4, 4, 2, 32, 320, 257)
+  assert counting.param_counts(m)['total'] == 755_072 and m.dtype == 'float32'
+  assert (c.train.batch_size, c.data.seq_len, c.train.steps) == (8, 512, 300)
+  for scale in ('s1', 's2', 's3', 's4', 's5'):
+    s = study_config('swa128', scale).model
+    assert (s.dtype, s.remat, s.scan_layers) == ('bfloat16', 'save_dots', True), scale
+
+
 @pytest.mark.parametrize('scale', ['tiny', 's3'])
 @pytest.mark.parametrize('arch', ['lightning', 'mamba2', 'gdn'])
 def test_recurrent_arches_validate_and_build(arch, scale):

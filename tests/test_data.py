@@ -161,6 +161,55 @@ def _write_mixed_files(root):
   (root / 'ignored.csv').write_text('not read')
 
 
+def _write_docs(root, contents):
+  """Writes {file name: bytes} under a new directory `root`."""
+  root.mkdir()
+  for name, data in contents.items():
+    (root / name).write_bytes(data)
+  return root
+
+
+def _texts_of_both_splits(data_cfg):
+  return [s[i] for s in (sources.make_source(data_cfg, 'train'), sources.make_source(data_cfg, 'eval'))
+          for i in range(len(s))]
+
+
+LATIN1 = {'good.txt': b'fine text', 'latin1.txt': b'caf\xe9 au lait'}  # The second is not UTF-8.
+
+
+def test_undecodable_documents_are_counted_and_reported_once_per_source(tmp_path, caplog):
+  """Bytes that are not UTF-8 are read as U+FFFD (nothing dropped), and each source says so once with its count."""
+  root = _write_docs(tmp_path / 'docs', {
+      **LATIN1, 'lines.jsonl': b'{"text": "ok"}\n{"text": "bad \xff byte"}\n{"text": "also \xfe bad"}\n'})
+  cfg = make_config(source='files', paths=str(root), eval_fraction=0.5).data
+  with caplog.at_level(logging.WARNING):
+    train, held_out = sources.make_source(cfg, 'train'), sources.make_source(cfg, 'eval')
+    texts = [train[i] for i in range(len(train))] + [held_out[i] for i in range(len(held_out))]
+  assert sorted(texts) == sorted(['fine text', 'caf\ufffd au lait', 'ok', 'bad \ufffd byte', 'also \ufffd bad'])
+  assert train.undecodable.identities | held_out.undecodable.identities == {'latin1.txt', 'lines.jsonl:2',
+                                                                           'lines.jsonl:3'}
+  warnings = [r.getMessage() for r in caplog.records if 'not UTF-8' in r.getMessage()]
+  assert len(warnings) == sum(1 for s in (train, held_out) if s.undecodable.count)  # One per source, reads too.
+  for source in (train, held_out):
+    if source.undecodable.count:
+      assert any(f'{source.undecodable.count} of {len(source)} documents' in w for w in warnings)
+
+  # The built-in source reads lazily: the first bad document is warned about, later ones (and rereads) counted.
+  stdlib = tmp_path / 'stdlib'
+  stdlib.mkdir()
+  for i in range(6):
+    (stdlib / f'm{i}.py').write_bytes(b'x = 1  # ' + (b'\xe9' if i % 2 else b'e') * 300)
+  builtin = sources.BuiltinSource('train', 0.01, root=str(stdlib))
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    for _ in range(2):
+      for i in range(len(builtin)):
+        assert builtin[i].startswith('x = 1  # ')
+  bad = {p for p in builtin.paths if int(p[1]) % 2}
+  assert builtin.undecodable.identities == bad and builtin.undecodable.count == len(bad) > 0
+  assert len(caplog.records) == 1 and 'not UTF-8' in caplog.text
+
+
 def test_files_source(tmp_path):
   _write_mixed_files(tmp_path / 'docs')
   cfg = make_config(source='files', paths=str(tmp_path / 'docs'), eval_fraction=0.3).data
@@ -352,6 +401,27 @@ def test_tfds_local_builder_round_trip(tmp_path, corpus):
   assert docs and all(d[0] in 'LS' for d in docs)
   # Same inputs: reused, same name.
   assert tfds_local.build_local_tfds(str(corpus), str(tmp_path / 'tfds'), eval_fraction=0.1) == name
+
+
+def test_tfds_build_reports_undecodable_documents_once(tmp_path, caplog):
+  root = _write_docs(tmp_path / 'docs', {**LATIN1, 'koi8.txt': b'\xf0\xd2\xc9\xd7\xc5\xd4'})
+  with caplog.at_level(logging.WARNING):
+    name = tfds_local.build_local_tfds(str(root), str(tmp_path / 'tfds'), eval_fraction=0.3)
+  warnings = [r.getMessage() for r in caplog.records if 'not UTF-8' in r.getMessage()]
+  assert len(warnings) == 1 and '2 of 3 documents' in warnings[0]
+  c = make_config(source='tfds', tfds_name=name, tfds_data_dir=str(tmp_path / 'tfds'))
+  assert sorted(_texts_of_both_splits(c.data)) == sorted(['fine text', 'caf\ufffd au lait', '\ufffd' * 6])
+
+
+def test_build_tfds_command_prints_the_flags_that_train_on_it(tmp_path, capsys):
+  root = _write_docs(tmp_path / 'docs', {f'{i}.txt': f'document number {i}'.encode() for i in range(3)})
+  assert tfds_local.main([str(root), str(tmp_path / 'tfds')]) == 0
+  [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith('--config.')]
+  flags = dict(f.removeprefix('--config.data.').split('=', 1) for f in line.split())
+  c = make_config(**flags)
+  assert sorted(_texts_of_both_splits(c.data)) == [f'document number {i}' for i in range(3)]
+  assert tfds_local.main([str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
+  assert 'matches no' in capsys.readouterr().err
 
 
 def test_tfds_missing_dataset(tmp_path):

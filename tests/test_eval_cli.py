@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import jax
 import numpy as np
@@ -95,11 +96,35 @@ def test_niah_and_ruler_write_scores_and_heat_map(tiny_run, tmp_path):
   niah = json.loads((out / 'niah.json').read_text())
   assert (out / 'niah_heatmap.png').stat().st_size > 0
   assert np.asarray(niah['scores']).shape == (2, 1) and len(niah['samples']) == 2
-  for sample in niah['samples']:  # An untrained-ish model: scores follow from its predictions by RULER's rule.
-    expected = 100.0 * all(o.lower() in sample['prediction'].strip().lower() for o in sample['outputs'])
-    assert expected in (0.0, 100.0)
+  # The scores the command wrote follow from the predictions it recorded by RULER's rule (all needle values
+  # contained, case-insensitively), cell by cell.
+  expected = [[100.0 * all(o.lower() in sample['prediction'].lower() for o in sample['outputs'])]
+              for sample in niah['samples']]
+  assert niah['scores'] == expected and niah['average'] == pytest.approx(np.mean(expected))
   ruler_result = json.loads((out / 'ruler.json').read_text())
   assert set(ruler_result['by_context']['520']['per_task']) == {'niah_single_1'}
+  assert niah['word_source'] == ruler_result['word_source'] == 'wonderwords'  # RULER's own key words.
+
+
+def test_niah_scores_place_each_answer_in_its_depth_and_length_cell(tiny_run, tmp_path, monkeypatch):
+  """With a generator that answers the needle's value only when the needle sits in the first half of the prompt
+  or the context is the longer one, the grid's scores are known in advance: [[100, 100], [0, 100]]."""
+  def answer_by_needle_position(self, prompts, max_new_tokens, **kwargs):
+    del self, max_new_tokens, kwargs
+    answers = []
+    for prompt in prompts:
+      needle = re.search(r'special magic numbers for [\w-]+ is: (\d+)\.', prompt)
+      early, longer = needle.start() < len(prompt) / 2, len(prompt) > 800
+      answers.append(f' {needle.group(1)}.' if early or longer else ' 1234567.')
+    return answers
+  monkeypatch.setattr(ModelScorer, 'generate', answer_by_needle_position)
+  out = tmp_path / 'eval'
+  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'niah:niah_single_1', '--context-lengths', '800,1200',
+                   '--max-context', '1200', '--samples', '1', '--depths', '0,1', '--out', str(out),
+                   '--no-progress']) == 0
+  niah = json.loads((out / 'niah.json').read_text())
+  assert niah['scores'] == [[100.0, 100.0], [0.0, 100.0]]
+  assert niah['by_context'] == {'800': 50.0, '1200': 100.0} and niah['average'] == 75.0
 
 
 def _longbench_file(path, task, records):

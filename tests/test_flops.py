@@ -55,7 +55,7 @@ def test_hand_checked_chunk_models():
   assert flops.scalar_scan_flops(5, 2, 1, 2, 1, 3) == 210
   # Delta rule: 6*9*2 + 4*9*3 + 6*5*2*3 + 17/3.
   assert flops.delta_rule_flops(5, 2, 1, 2, 3) == pytest.approx(108 + 108 + 180 + 17 / 3)
-  # MIXERS.md: K = V = 128, C = 64, whole chunks: 2C(K+V) + 4KV = 98,304 per token and head.
+  # docs/KERNELS.md, "FLOP model": K = V = 128, C = 64, whole chunks: 2C(K+V) + 4KV = 98,304 per token and head.
   assert flops.scalar_scan_flops(64 * 10, 64, 1, 128, 1, 128) == 640 * 98_304
 
 

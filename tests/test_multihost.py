@@ -3,6 +3,7 @@ a clear error instead of a hang when a process dies, resume after restart, the s
 launchers' printed commands."""
 
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -10,12 +11,13 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
 from hybrid_jax.parallel import distributed
 from tests.conftest import ROOT, small_config
-from tests.test_loop import _cli, _losses
+from tests.test_loop import _cli, _logged_steps, _losses
 
 sys.path.insert(0, str(ROOT / 'launch'))
 import gpu as gpu_launch  # noqa: E402
@@ -93,6 +95,35 @@ def test_processes_with_different_configs_fail_at_start_up(tmp_path):
   # may be cut short by the runtime's own "task failed" abort.
   assert all(p.returncode != 0 for p in procs), outs
   assert any('processes run different configs' in out for out in outs), outs
+
+
+def test_preemption_checkpoints_off_is_said_at_start_and_service_errors_surface(monkeypatch, caplog):
+  """Multi-process SIGTERM handling: without jax's preemption service the run says at start that SIGTERM will not
+  checkpoint (once), and never asks the service; with it, an error of the service is raised, not taken as 'no'."""
+  from jax.experimental import multihost_utils
+  from hybrid_jax.train import loop
+  monkeypatch.setattr(loop.jax, 'process_count', lambda: 2)
+  asked = []
+
+  def sync_point(step):
+    asked.append(step)
+    raise RuntimeError('Preemption sync manager has not been initialized.')
+
+  monkeypatch.setattr(multihost_utils, 'reached_preemption_sync_point', sync_point)
+  previous = jax.config.jax_enable_preemption_service
+  try:
+    jax.config.update('jax_enable_preemption_service', False)
+    with caplog.at_level(logging.WARNING), loop._stop_on_sigterm() as stop:
+      assert [loop._stop_requested(stop, step) for step in (1, 2, 3)] == [False] * 3
+    assert asked == [] and caplog.text.count('preemption checkpoints are off') == 1
+    assert 'jax_enable_preemption_service=False' in caplog.text
+    jax.config.update('jax_enable_preemption_service', True)
+    caplog.clear()
+    with loop._stop_on_sigterm() as stop, pytest.raises(RuntimeError, match='not been initialized'):
+      loop._stop_requested(stop, 1)
+    assert asked == [1] and 'preemption checkpoints are off' not in caplog.text
+  finally:
+    jax.config.update('jax_enable_preemption_service', previous)
 
 
 # ------------------------------------------------------------------------------------------- launchers (dry)
@@ -187,6 +218,28 @@ def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   longer = _reference_losses(8, 2)
   got = _losses(workdir)
   assert max(abs(got[s] - longer[s]) for s in (7, 8)) < 1e-5
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_checkpoints_both_at_the_same_step(tmp_path):
+  """SIGTERM reaches one process of two; jax's preemption service makes both stop after the same step and write
+  that step's checkpoint (the interval, 100,000 steps, is never reached), then exit with status 143."""
+  workdir = tmp_path / 'run'
+  procs = _processes(2, _cli(workdir, '--config.train.steps=200000', '--config.train.checkpoint_every=100000')[3:],
+                     tmp_path)
+  deadline = time.time() + 900
+  while max(_logged_steps(workdir), default=0) < 3:
+    assert all(p.poll() is None for p in procs), _log(tmp_path, 0)[-3000:] + _log(tmp_path, 1)[-3000:]
+    assert time.time() < deadline, 'step 3 was not logged in time'
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)
+  assert [p.wait(timeout=300) for p in procs] == [143, 143], _log(tmp_path, 0)[-3000:]
+  report = json.loads((workdir / 'report.json').read_text())
+  assert report['status'] == 'preempted' and report['processes'] == 2
+  assert sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()) == [report['steps']]
+  assert report['steps'] == max(_losses(workdir)) >= 3
+  for pid in (0, 1):
+    assert f'preempted at step {report["steps"]}' in _log(tmp_path, pid)
 
 
 @pytest.mark.slow

@@ -5,12 +5,14 @@ Multi-device runs happen in subprocesses: the device count is fixed when jax sta
 """
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
 
+import jax
 import pytest
 
 from hybrid_jax.config import ConfigError, validate
@@ -33,6 +35,23 @@ def run_with_devices(n: int, code: str, timeout=900) -> str:
 
 
 # ------------------------------------------------------------------------------------------ in-process units
+def test_mesh_order_fallback_is_reported_once_with_its_cause(monkeypatch, caplog):
+  from jax.experimental import mesh_utils
+
+  def no_topology(shape, devices):
+    raise NotImplementedError(f'no topology for {len(devices)} devices of this kind')
+
+  monkeypatch.setattr(mesh_utils, 'create_device_mesh', no_topology)
+  monkeypatch.setattr(mesh_lib, '_FALLBACK_CAUSES_REPORTED', set())
+  devices = jax.devices()[:1]
+  with caplog.at_level(logging.WARNING):
+    for _ in range(3):
+      arr = mesh_lib._device_array((1, 1, 1), devices)
+      assert arr.shape == (1, 1, 1) and arr.ravel().tolist() == devices
+  assert caplog.text.count('could not lay out') == 1
+  assert 'NotImplementedError: no topology for 1 devices of this kind' in caplog.text
+  assert 'order given' in caplog.text
+
 def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():
   p = small_config().parallel
   p.update(dict(data=-1, fsdp=2, tensor=2))

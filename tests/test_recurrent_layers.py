@@ -25,7 +25,24 @@ def test_every_mixer_is_within_5_percent_of_attention_at_every_scale():
     assert 0.95 <= r['ratio'] <= 1.05, r
     cfg = study_config(r['kind'], r['scale']).model
     assert r['attention'] == 2 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.num_kv_heads * cfg.head_dim
-    assert r['mixer'] == counting.mixer_params(cfg, pattern.layer_spec(cfg, 0))
+    assert r['mixer'] == _built_mixer_params(cfg, 0)
+
+
+def _built_mixer_params(cfg, layer):
+  """Parameter count of layer `layer`'s mixer as the model builds it, from abstract shapes (nothing allocated)."""
+  spec = pattern.layer_spec(cfg, layer)
+  abstract = nnx.eval_shape(lambda: make_mixer(cfg, spec, rngs=nnx.Rngs(0)))
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+@pytest.mark.parametrize('scale', ['tiny', 's1', 's2', 's3', 's4', 's5'])
+def test_mixer_param_formulas_match_the_built_mixers_at_every_scale(scale):
+  """The counting formulas against the mixers as built, per kind and scale (attention from a hybrid's layers)."""
+  for arch in ('swa128', *KINDS):
+    cfg = study_config(arch, scale).model
+    for layer in range(min(cfg.num_layers, 2)):  # Both kinds of a hybrid's [recurrent/SWA, full] pair.
+      assert counting.mixer_params(cfg, pattern.layer_spec(cfg, layer)) == _built_mixer_params(cfg, layer), (
+          arch, scale, layer)
 
 
 def test_docs_table_is_generated_from_the_configs():

@@ -1,6 +1,7 @@
 """RULER-style suite: every task generator round-trips, is deterministic and fits its length; golden metric cases."""
 
 import json
+import logging
 import pathlib
 
 import numpy as np
@@ -167,16 +168,21 @@ def test_niah_grid_and_heatmap(tmp_path, essay):
     niah.plot_heatmap(scores[:2], depths, lengths, str(tmp_path / 'bad.png'))
 
 
-def test_word_lists_fall_back_to_the_corpus_without_wonderwords(monkeypatch):
+def test_word_lists_fall_back_to_the_corpus_without_wonderwords(monkeypatch, caplog):
   from hybrid_jax.eval.ruler_tasks import base  # pylint: disable=g-import-not-at-top
+  assert base.word_source() == base.OFFICIAL_WORD_SOURCE  # The eval extra is installed here.
   monkeypatch.setitem(__import__('sys').modules, 'wonderwords', None)
   monkeypatch.setattr(base, '_corpus_words', lambda: tuple(f'word{i}' for i in range(300)))
-  base.word_lists.cache_clear()
+  base._word_lists_and_source.cache_clear()  # pylint: disable=protected-access
   try:
-    lists = base.word_lists()
-    assert len(lists['adjectives']) == 100 and not set(lists['adjectives']) & set(lists['nouns'])
-    sample = ruler.generate('niah_single_1', 2048, 1)[0]
+    with caplog.at_level(logging.WARNING):
+      lists = base.word_lists()
+      assert len(lists['adjectives']) == 100 and not set(lists['adjectives']) & set(lists['nouns'])
+      sample = ruler.generate('niah_single_1', 2048, 1)[0]
+      assert ruler.word_source() == base.CORPUS_WORD_SOURCE
     key = sample['answer_prefix'].split(' for ')[1].split(' mentioned')[0]
     assert key.startswith('word') and '-word' in key
+    assert caplog.text.count('RULER key words come from the built-in corpus') == 1  # Once, naming the cause.
+    assert 'not comparable' in caplog.text and 'wonderwords' in caplog.text
   finally:
-    base.word_lists.cache_clear()
+    base._word_lists_and_source.cache_clear()  # pylint: disable=protected-access

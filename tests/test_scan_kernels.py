@@ -379,8 +379,36 @@ def test_conv1d_bf16_and_grads():
   x, w, bias, state = conv_inputs(22)
   y, _ = causal_conv1d(x.astype(jnp.bfloat16), w, bias=bias)
   assert y.dtype == jnp.bfloat16 and rel(y, conv_oracle(x.astype(jnp.bfloat16), w, bias)[0]) <= 5e-3
-  gx, gw = jax.grad(lambda x, w: jnp.sum(causal_conv1d(x, w)[0] ** 2), (0, 1))(x, w)
-  assert gx.shape == x.shape and gw.shape == w.shape and np.all(np.isfinite(gw))
+
+
+def conv_oracle_grads(x, w, state, dy, ds):
+  """Gradients of sum(y * dy) + sum(final_state * ds) by the conv's adjoint, in float64: y[i] reads xp[i + j]
+  through w[j], so each output's cotangent flows back to those inputs and taps; the final state is xp's tail."""
+  x, w, state, dy, ds = (np.asarray(a, np.float64) for a in (x, w, state, dy, ds))
+  t, width = x.shape[1], w.shape[0]
+  xp = np.concatenate([state, x], 1)
+  dxp, dw = np.zeros_like(xp), np.zeros_like(w)
+  for i in range(t):
+    for j in range(width):
+      dxp[:, i + j] += w[j] * dy[:, i]
+      dw[j] += np.sum(xp[:, i + j] * dy[:, i], 0)
+  dxp[:, t:] += ds
+  return dxp[:, width - 1:], dw, dy.sum((0, 1)), dxp[:, :width - 1]
+
+
+@pytest.mark.parametrize('t', [2, 37])  # Shorter than the state (its tail is part of the state) and longer.
+def test_conv1d_grads_match_the_adjoint(t):
+  x, w, bias, state = conv_inputs(23, t=t)
+  rng = np.random.default_rng(24)
+  dy, ds = rng.standard_normal(x.shape), rng.standard_normal(state.shape)
+
+  def loss(x, w, bias, state):
+    y, final = causal_conv1d(x, w, bias=bias, initial_state=state)
+    return jnp.sum(y * dy) + jnp.sum(final * ds)
+
+  got = jax.grad(loss, (0, 1, 2, 3))(x, w, bias, state)
+  for name, g, want in zip(('x', 'weight', 'bias', 'state'), got, conv_oracle_grads(x, w, state, dy, ds)):
+    assert g.shape == want.shape and rel(g, want) <= 1e-6, name
 
 
 @pytest.mark.parametrize('args,match', [

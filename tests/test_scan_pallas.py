@@ -1,9 +1,9 @@
 """Pallas scan kernels (GPU- and TPU-style, linear scan and gated delta rule) in interpret mode on CPU.
 
 Values, final states and the gradients of every input (loss = sum(o * do) + sum(S_T * dS), non-zero initial state)
-against the float64 token-by-token reference on the same rounded inputs; thresholds as MIXERS.md (fp32 1e-5;
-bf16 5e-3 outputs/states, 1e-2 dq/dk/dv and d initial_state, 2e-2 gate and beta). Interpret-mode programs are compile-bound, so cases
-that differ only in data (gate exactly 0, zeroed at random, strong decay) share one compiled program, and shapes
+against the float64 token-by-token reference on the same rounded inputs; thresholds as docs/KERNELS.md,
+"Tolerances" (fp32 1e-5; bf16 5e-3 outputs/states, 1e-2 dq/dk/dv and d initial_state, 2e-2 gate and beta).
+Interpret-mode programs are compile-bound, so cases that differ only in data (gate exactly 0, zeroed at random, strong decay) share one compiled program, and shapes
 are tiny. Larger head dims and long sequences are marked slow (`pytest -m slow tests/test_scan_pallas.py`).
 """
 
@@ -19,7 +19,9 @@ from hybrid_jax.kernels import gated_delta_rule
 from hybrid_jax.kernels import linear_scan
 from hybrid_jax.kernels.delta_rule import api as delta_api
 from hybrid_jax.kernels.delta_rule import pallas_delta
+from hybrid_jax.kernels.delta_rule import pallas_gpu as delta_pallas_gpu
 from hybrid_jax.kernels.linear_scan import api as linear_api
+from hybrid_jax.kernels.linear_scan import pallas_gpu as linear_pallas_gpu
 from tests.test_scan_kernels import make
 from tests.test_scan_kernels import oracle_of
 from tests.test_scan_kernels import rel
@@ -71,7 +73,13 @@ def inputs(seed, kernel, dtype=jnp.float32, gates='random', **shape):
 
 
 def check(kernel, impl, args, cots, chunk, dtype=jnp.float32):
-  o, s, grads = run(kernel, impl, args, cots, chunk)
+  compare(kernel, run(kernel, impl, args, cots, chunk), args, cots, dtype)
+
+
+def compare(kernel, got, args, cots, dtype=jnp.float32):
+  """Output, final state and every input's gradient against the float64 reference, within the tolerances of
+  docs/KERNELS.md."""
+  o, s, grads = got
   o64, s64, g64 = reference(kernel, args, cots)
   assert o.dtype == dtype and s.dtype == jnp.float32
   bf16 = dtype != jnp.float32
@@ -113,6 +121,28 @@ def test_chunk_sizes_agree(kernel, impl):
 def test_bf16(kernel, impl):
   args, cots = inputs(8, kernel, jnp.bfloat16, b=1, t=63, hk=1, hv=1, dk=32, dv=32)
   check(kernel, impl, args, cots, chunk=16, dtype=jnp.bfloat16)
+
+
+GPU_BACKENDS = {'linear': linear_pallas_gpu.linear_scan, 'delta': delta_pallas_gpu.gated_delta_rule}
+
+
+@pytest.mark.parametrize('kernel', ['linear', pytest.param('delta', marks=pytest.mark.slow)])
+def test_several_value_blocks(kernel):
+  """block_v < V: two 8-column value blocks of V = 16, each program carrying its own slice of the state, as every
+  GPU run with V >= 128 does (block_v defaults to 64 there). Values, final state and every gradient."""
+  args, cots = inputs(15, kernel, **SMALL)
+  scale = args[0].shape[-1] ** -0.5
+
+  def f(inputs, s0):
+    return GPU_BACKENDS[kernel](*inputs, scale=scale, initial_state=s0, chunk_size=16, interpret=True, block_v=8)
+
+  def value_and_grads(inputs, s0, do, ds):
+    (o, s), vjp = jax.vjp(f, inputs, s0)
+    di, ds0 = vjp((do.astype(o.dtype), ds.astype(s.dtype)))
+    return o, s, list(di) + [ds0]
+
+  jitted = jax.jit(value_and_grads).lower(list(args[:-1]), args[-1], *cots).compile(FAST_COMPILE)
+  compare(kernel, jitted(list(args[:-1]), args[-1], *cots), args, cots)
 
 
 def test_constant_per_head_decay():

@@ -5,7 +5,8 @@ Reports the median step time after warm-up (compile time apart), model TFLOP/s f
 next at the same window (about 2x per doubling for a sliding window, O(T*w); about 4x for full causal, O(T^2)),
 the speed relative to each anchor implementation (cudnn, xla) and the fraction of a bf16 GEMM ceiling, both
 measured in the same run. On CPU only ratios mean much; absolute speed needs a GPU or TPU. The GPU defaults are
-the BENCH.md anchor shapes: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows 128/512/2048/full.
+the anchor shapes of docs/BENCHMARKING.md: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows
+128/512/2048/full.
 
   python -m hybrid_jax bench attention --seq-lens 2048,4096 --windows 128,full --json out.json
 """
@@ -22,7 +23,7 @@ import numpy as np
 from hybrid_jax.bench import timing
 from hybrid_jax.kernels import attention
 
-# Per backend defaults. CPU ones finish in a minute or two; GPU ones are the BENCH.md anchor shapes.
+# Per backend defaults. CPU ones finish in a minute or two; GPU ones are the anchor shapes (docs/BENCHMARKING.md).
 _DEFAULTS = {
     'cpu': dict(seq_lens='2048,4096,8192', windows='128,full', impls='xla', batch=1, heads=4, head_dim=64,
                 dtype='float32', repeats=5, gemm=1024),
@@ -112,7 +113,7 @@ def measure(t, window, impl, args):
     row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (q, k, v), args.repeats, args.min_seconds)
     row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (q, k, v, do), args.repeats, args.min_seconds)
   except Exception as e:  # pylint: disable=broad-except  # One failing config must not end the sweep.
-    row['error'] = f'{type(e).__name__}: {e}'.split('\n')[0][:200]
+    row.update(timing.failure(e))
     return row
   row['fwd_tflops'] = flops / row['fwd_ms'] / 1e9
   row['fwd_bwd_tflops'] = 3.5 * flops / row['fwd_bwd_ms'] / 1e9
@@ -172,7 +173,8 @@ def _table(rows, baselines):
   lines = ['| ' + ' | '.join(cols) + ' |', '|' + ' --- |' * len(cols)]
   for r in rows:
     if 'error' in r:
-      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), r['error'][:80]]
+      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'),
+               timing.headline(r['error'], 80)]
       cells += [''] * (len(cols) - 5)
     else:
       cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), f(r['fwd_ms'], '.3f'), f(r['fwd_tflops'], '.3f'),
@@ -204,9 +206,9 @@ def main(argv=None):
       for t in args.seq_lens:
         rows.append(measure(t, window, impl, args))
         r = rows[-1]
-        print(f"  {impl} T={t} window={window or 'full'}: "
-              + (r['error'] if 'error' in r else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms"),
-              flush=True)
+        result = (timing.headline(r['error']) if 'error' in r
+                  else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms")
+        print(f"  {impl} T={t} window={window or 'full'}: {result}", flush=True)
   baselines = [a for a in _ANCHORS if a in args.impls] or args.impls[:1]
   _add_ratios(rows, baselines, ceiling)
   print(_table(rows, baselines))
@@ -219,7 +221,11 @@ def main(argv=None):
     with open(args.json, 'w') as f:
       json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f'wrote {args.json}')
-  return 0
+  failed = [r for r in rows if 'error' in r]
+  if failed:
+    print(f'attention bench: {len(failed)} of {len(rows)} measurements failed (whole errors in the JSON rows)',
+          file=sys.stderr)
+  return 1 if failed else 0
 
 
 if __name__ == '__main__':

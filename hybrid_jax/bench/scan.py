@@ -1,17 +1,17 @@
 """Recurrent-mixer speed: linear_scan and gated_delta_rule per implementation and T, optionally against fla.
 
 Reports the median step time after warm-up (compile time apart) of the forward and the forward+backward pass,
-model TFLOP/s (chunk FLOP model, MIXERS.md: fwd 2C(K+V) + 4KV per token and head for the scalar-decay scan; the
-delta rule adds K K^T, the inverse, W, U and W S; fwd+bwd counted as 3x fwd), model GB/s (each input and output
+model TFLOP/s (chunk FLOP model of docs/KERNELS.md: fwd 2C(K+V) + 4KV per token and head for the scalar-decay
+scan; the delta rule adds K K^T, the inverse, W, U and W S; fwd+bwd counted as 3x fwd), model GB/s (each input and output
 tensor moved once: fwd q, k, v, o; fwd+bwd also do, dq, dk, dv) and the fraction of the same-run copy bandwidth,
 the speed-up over --baseline measured in the same run, the time growth from one T to the next, and where fla is
 importable (`--fla`; PyTorch/Triton, GPU only) the same-run ratio to fla's chunk_simple_gla / chunk_lightning_attn
-(linear_scan) and chunk_gated_delta_rule. On CPU only the ratios mean much. The GPU defaults are BENCH.md's shapes:
-bf16, B=4, H=16, K=V=128, T in {2K, 8K, 32K}.
+(linear_scan) and chunk_gated_delta_rule. On CPU only the ratios mean much. The GPU defaults are the anchor
+shapes of docs/BENCHMARKING.md: bf16, B=4, H=16, K=V=128, T in {2K, 8K, 32K}.
 
 --parity first checks values and every gradient of the Pallas kernel of this backend (and the automatic choice)
-against the float64 reference at the MIXERS.md thresholds, compiled on the device (not interpret mode), for every
-chunk size and head dim the code may be given.
+against the float64 reference at the docs/KERNELS.md tolerances, compiled on the device (not interpret mode),
+for every chunk size and head dim the code may be given.
 
   python -m hybrid_jax bench scan --seq-lens 1024,4096,16384 --json out.json
   python -m hybrid_jax bench scan --parity --fla --json out.json          (GPU machine: scripts/device/scan_gpu.sh)
@@ -85,8 +85,8 @@ def _parse(argv):
 
 
 def model_flops(kernel, t, args):
-  """Forward FLOPs of the chunked form (MIXERS.md model); the delta rule adds K K^T (2CK), the inverse (~2C^2/3),
-  W and U (2C(K+V)) and W S (2KV) per token and head."""
+  """Forward FLOPs of the chunked form (docs/KERNELS.md, "FLOP model"); the delta rule adds K K^T (2CK), the
+  inverse (~2C^2/3), W and U (2C(K+V)) and W S (2KV) per token and head."""
   c, d = args.chunk_size, args.head_dim
   per_token = 2 * c * (d + d) + 4 * d * d
   if kernel == 'gated_delta_rule':
@@ -132,7 +132,7 @@ def measure(kernel, t, impl, args):
     if not args.no_bwd:
       row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (xs, do), args.repeats, args.min_seconds)
   except Exception as e:  # pylint: disable=broad-except  # One failing config must not end the sweep.
-    row['error'] = f'{type(e).__name__}: {e}'.split('\n')[0][:200]
+    row.update(timing.failure(e))
   return row
 
 
@@ -184,7 +184,7 @@ def measure_fla(kernel, name, t, args):
                                     args.min_seconds)
     row['note'] = FLA_NOTE
   except Exception as e:  # pylint: disable=broad-except
-    row['error'] = f'{type(e).__name__}: {e}'.split('\n')[0][:200]
+    row.update(timing.failure(e))
   return row
 
 
@@ -237,7 +237,7 @@ def table(rows, baseline):
   for r in rows:
     cells = [r['kernel'], r['impl'], str(r['T'])]
     if 'error' in r:
-      cells += [r['error'][:80]] + [''] * (len(cols) - 4)
+      cells += [timing.headline(r['error'], 80)] + [''] * (len(cols) - 4)
     else:
       cells += [f(r.get('fwd_ms'), '.3f'), f(r.get('fwd_tflops'), '.1f'), f(r.get('fwd_gbs'), '.0f'),
                 f(r.get('fwd_of_copy'), '.2f'), f(r.get('fwd_speedup'), '.2f'), f(r.get('fwd_vs_fla'), '.2f'),
@@ -322,9 +322,9 @@ def parity(args):
     except Exception as e:  # pylint: disable=broad-except  # Record and go on: one case must not hide the others.
       kernel, impl_, t, d, chunk, dtype = case
       r = dict(kernel=kernel, impl=str(impl_), T=t, head_dim=d, chunk=chunk, dtype=dtype.name, ok=False,
-               error=f'{type(e).__name__}: {e}'.split('\n')[0][:300])
+               **timing.failure(e))
     results.append(r)
-    print('parity ' + json.dumps(r), flush=True)
+    print('parity ' + json.dumps({k: v for k, v in r.items() if k != 'traceback'}), flush=True)
   failed = sum(not r['ok'] for r in results)
   print(f'parity: {len(results) - failed}/{len(results)} cases pass', flush=True)
   return results
@@ -360,7 +360,7 @@ def main(argv=None) -> int:
         if args.fla:
           rows.extend(measure_fla(kernel, name, t, args) for name in FLA[kernel])
         for r in rows[-len(args.impls) - (len(FLA[kernel]) if args.fla else 0):]:
-          print(f"  {kernel} {r['impl']} T={t}: " + (r['error'] if 'error' in r else ', '.join(
+          print(f"  {kernel} {r['impl']} T={t}: " + (timing.headline(r['error']) if 'error' in r else ', '.join(
               f'{k}={r[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in r)), flush=True)
         _write(args.json, out)  # Partial results survive a time-boxed run.
     add_ratios(rows, args.baseline, ceiling)
@@ -370,6 +370,9 @@ def main(argv=None) -> int:
   _write(args.json, out)
   if args.json:
     print(f'wrote {args.json}')
+  failed += sum('error' in r for r in out['rows'])
+  if failed:
+    print(f'scan bench: {failed} parity cases or measurements failed (whole errors in the JSON)', file=sys.stderr)
   return 1 if failed else 0
 
 

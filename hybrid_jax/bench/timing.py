@@ -2,6 +2,7 @@
 
 import statistics
 import time
+import traceback
 
 import jax
 
@@ -21,3 +22,15 @@ def timed(fn, args, repeats, min_seconds=1.0):
     jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - start)
   return compile_s, 1e3 * statistics.median(times)
+
+
+def failure(error: BaseException) -> dict:
+  """A failed measurement as a row records it: the whole error (type and full message) and its traceback, so the
+  JSON says why without a rerun; tables and logs show `headline` of it."""
+  return {'error': f'{type(error).__name__}: {error}', 'traceback': ''.join(traceback.format_exception(error))}
+
+
+def headline(error_text: str, width: int = 200) -> str:
+  """The first line of a recorded error, cut to `width` characters, for one-line logs and table cells."""
+  first = error_text.splitlines()[0] if error_text else ''
+  return first if len(first) <= width else first[:width - 3] + '...'

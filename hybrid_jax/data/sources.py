@@ -10,6 +10,7 @@ import dataclasses
 import glob
 import gzip
 import hashlib
+import logging
 import os
 import sysconfig
 from typing import Iterator
@@ -46,7 +47,45 @@ def split_by_hash(identities, eval_fraction: float, split: str) -> np.ndarray:
 
 
 def _decode(data: bytes) -> str:
+  """UTF-8 text; bytes that are not UTF-8 become U+FFFD (sources count and report them: UndecodableDocuments)."""
   return data.decode('utf-8', errors='replace')
+
+
+def _is_utf8(data: bytes) -> bool:
+  try:
+    data.decode('utf-8')
+  except UnicodeDecodeError:
+    return False
+  return True
+
+
+class UndecodableDocuments:
+  """The documents of one source that held bytes that are not UTF-8 (read as U+FFFD, so nothing is dropped):
+  counted, and reported by one warning per source rather than per document or not at all."""
+
+  def __init__(self, source: str):
+    self.source = source
+    self.identities: set[str] = set()
+
+  @property
+  def count(self) -> int:
+    return len(self.identities)
+
+  def note(self, identity: str, data: bytes) -> None:
+    """Records `identity` when `data` is not UTF-8; the first such document of the source is warned about."""
+    if identity in self.identities or _is_utf8(data):
+      return
+    self.identities.add(identity)
+    if len(self.identities) == 1:
+      logging.warning('%s: document %s holds bytes that are not UTF-8; they are read as U+FFFD. Said once for this '
+                      'source: later ones are only counted (undecodable.count)', self.source, identity)
+
+  def report_scan(self, total: int) -> None:
+    """After a scan of the whole source: one warning with the count, instead of one per document."""
+    if self.identities:
+      first = min(self.identities)
+      logging.warning('%s: %d of %d documents hold bytes that are not UTF-8 (e.g. %s); they are read as U+FFFD',
+                      self.source, self.count, total, first)
 
 
 # ------------------------------------------------------------------------------------------------ built-in corpus
@@ -74,6 +113,7 @@ class BuiltinSource:
     if not paths:
       raise DataError(f'the built-in corpus is empty: no .py files under {self.root!r}')
     self.paths = [paths[i] for i in split_by_hash(paths, self.eval_fraction, split)]
+    self.undecodable = UndecodableDocuments(f'the built-in corpus ({split} split, {self.root})')
 
   def _is_blank(self, rel: str) -> bool:
     path = os.path.join(self.root, rel)
@@ -88,7 +128,9 @@ class BuiltinSource:
 
   def __getitem__(self, index: int) -> str:
     with open(os.path.join(self.root, self.paths[index]), 'rb') as f:
-      return _decode(f.read())
+      data = f.read()
+    self.undecodable.note(self.paths[index], data)
+    return _decode(data)
 
   def __repr__(self):
     return (f'BuiltinSource(root={self.root!r}, split={self.split!r}, eval_fraction={self.eval_fraction!r}, '
@@ -163,13 +205,14 @@ class Document:
   end: int
   identity: str  # Stable name hashed for the train/eval split.
   text: str
+  utf8: bool = True  # False when some bytes were not UTF-8 (read as U+FFFD).
 
 
 def iter_documents(files: list[tuple[str, str]], text_field: str) -> Iterator[Document]:
   """Every non-blank document of `files` (from `resolve_paths`): a whole .txt file or one JSONL line.
 
   Raises DataError naming file and line for a JSONL line that is not JSON or lacks `text_field`; undecodable bytes
-  are replaced (U+FFFD), never dropped.
+  are replaced (U+FFFD), never dropped, and the document says so (`utf8` False).
   """
   for file_index, (path, identity) in enumerate(files):
     with _open(path) as f:
@@ -177,7 +220,7 @@ def iter_documents(files: list[tuple[str, str]], text_field: str) -> Iterator[Do
         data = f.read()
         text = _decode(data)
         if text.strip():
-          yield Document(file_index, 0, len(data), identity, text)
+          yield Document(file_index, 0, len(data), identity, text, _is_utf8(data))
         continue
       offset = 0
       for line_number, line in enumerate(f, 1):
@@ -186,7 +229,7 @@ def iter_documents(files: list[tuple[str, str]], text_field: str) -> Iterator[Do
           continue
         text = _jsonl_text(line, path, line_number, text_field)
         if text.strip():
-          yield Document(file_index, start, offset, f'{identity}:{line_number}', text)
+          yield Document(file_index, start, offset, f'{identity}:{line_number}', text, _is_utf8(line))
 
 
 class FilesSource:
@@ -201,10 +244,17 @@ class FilesSource:
     self.paths_spec, self.split, self.text_field = str(paths), split, text_field
     self.eval_fraction = float(eval_fraction)
     self.files = resolve_paths(paths)
-    docs = [(d.file_index, d.start, d.end, d.identity) for d in iter_documents(self.files, text_field)]
+    docs, not_utf8 = [], set()
+    for d in iter_documents(self.files, text_field):
+      docs.append((d.file_index, d.start, d.end, d.identity))
+      if not d.utf8:
+        not_utf8.add(d.identity)
     if not docs:
       raise DataError(f'config.data.paths={paths!r}: every document is empty or whitespace-only')
     keep = split_by_hash([d[3] for d in docs], self.eval_fraction, split)
+    self.undecodable = UndecodableDocuments(f'config.data.paths={paths!r} ({split} split)')
+    self.undecodable.identities = {docs[i][3] for i in keep} & not_utf8
+    self.undecodable.report_scan(len(keep))
     self._index = np.array([docs[i][:3] for i in keep], dtype=np.int64).reshape(-1, 3)
     self._gz_cache = {}
 
@@ -249,6 +299,7 @@ class TfdsSource:
   def __init__(self, name: str, split: str, data_dir: str = '', text_field: str = 'text'):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     self.name, self.split, self.data_dir, self.text_field = name, split, data_dir, text_field
+    self.undecodable = UndecodableDocuments(f'TFDS {name!r} split {split!r}')
     try:
       self._source = tfds.data_source(name, split=split, data_dir=data_dir or None)
     except Exception as e:  # TFDS raises many types (DatasetNotFoundError, AssertionError, ValueError...).
@@ -266,7 +317,10 @@ class TfdsSource:
     text = record[self.text_field]
     if isinstance(text, np.ndarray):
       text = text.item()
-    return _decode(text) if isinstance(text, bytes) else str(text)
+    if isinstance(text, bytes):
+      self.undecodable.note(f'example {index}', text)
+      return _decode(text)
+    return str(text)
 
   def __repr__(self):
     return (f'TfdsSource(name={self.name!r}, split={self.split!r}, data_dir={self.data_dir!r}, '

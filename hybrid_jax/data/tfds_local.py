@@ -51,9 +51,15 @@ class LocalFilesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
     del dl_manager  # Nothing to download.
     cfg = self.builder_config
     files = sources.resolve_paths(cfg.paths)
-    identities = [doc.identity for doc in sources.iter_documents(files, cfg.text_field)]
+    undecodable = sources.UndecodableDocuments(f'build-tfds {cfg.paths!r}')
+    identities = []
+    for doc in sources.iter_documents(files, cfg.text_field):
+      identities.append(doc.identity)
+      if not doc.utf8:
+        undecodable.identities.add(doc.identity)
     if not identities:
       raise sources.DataError(f'{cfg.paths!r}: every document is empty or whitespace-only')
+    undecodable.report_scan(len(identities))  # The dataset stores their U+FFFD text; say so once, here.
     eval_keys = {identities[i] for i in sources.split_by_hash(identities, cfg.eval_fraction, 'eval')}
     return {
         'train': self._generate_examples(files, eval_keys, held_out=False),

@@ -9,7 +9,8 @@ fits. Here the per-task search is the same, but a sample that does not fit is re
 shrunk by the step, so every sample stays within one haystack unit of the budget.
 
 Known differences from RULER: sentences of the essay haystack are split with a regex, not NLTK punkt; without the
-`wonderwords` package, key words come from the built-in corpus; cwe tops up its vocabulary with corpus words
+`wonderwords` package, key words come from the built-in corpus (warned, and recorded as `word_source` in the
+results); cwe tops up its vocabulary with corpus words
 where RULER would read `english_words.json`.
 """
 
@@ -20,7 +21,7 @@ from typing import Callable, Sequence
 
 from hybrid_jax.eval.ruler_tasks import FAMILIES
 from hybrid_jax.eval.ruler_tasks import base
-from hybrid_jax.eval.ruler_tasks.base import ContextTooShort, builtin_essay, utf8_bytes
+from hybrid_jax.eval.ruler_tasks.base import ContextTooShort, builtin_essay, utf8_bytes, word_source
 
 TASKS = tuple(base.common()['task_order'])
 NIAH_TASKS = tuple(t for t in TASKS if base.task_specs()[t]['family'] == 'niah')

@@ -186,7 +186,8 @@ def run_niah(ctx: Context, subtasks) -> tuple[dict, list[Row]]:
   samples = [{'depth': g['depth'], 'context': g['max_seq_length'], 'outputs': g['outputs'], 'prediction': p}
              for g, p in zip(grid, predictions)]
   return ({'task': task, 'depths': list(s.depths), 'context_lengths': lengths, 'scores': scores.tolist(),
-           'by_context': by_length, 'average': float(np.nanmean(scores)), 'samples': samples},
+           'by_context': by_length, 'average': float(np.nanmean(scores)), 'samples': samples,
+           'word_source': ruler.word_source()},
           [('niah', n, 'score', v) for n, v in by_length.items()])
 
 
@@ -220,7 +221,7 @@ def run_ruler(ctx: Context, subtasks) -> tuple[dict, list[Row]]:
     rows += [('ruler', str(length), 'average', scored['average']),
              ('ruler', str(length), 'niah_average', scored['niah_average'])]
   summary = ruler.summarize_lengths({int(n): r['average'] for n, r in result.items()})
-  return {'tasks': tasks, 'by_context': result, 'across_lengths': summary}, rows
+  return {'tasks': tasks, 'by_context': result, 'across_lengths': summary, 'word_source': ruler.word_source()}, rows
 
 
 # ------------------------------------------------------------------------------------------------- longbench

@@ -6,8 +6,8 @@ assumes every layer is full attention (which flatters SWA and recurrent hybrids 
 What is counted (one multiply-add = 2 FLOPs):
 - every dense projection (q/k/v/o, gates, recurrent in/out projections, MLP) and the LM head: 2 x weights per token;
 - attention scores and values: 4 * heads * head_dim * P per sequence, P = visible (query, key) pairs; exact for
-  causal full attention, P = T(T+1)/2, and for a window w, P = w(w+1)/2 + (T - w)w (MIXERS.md, "Attention");
-- chunked scans by the chunk FLOP model of MIXERS.md at model.recurrent_chunk_size (terms listed in
+  causal full attention, P = T(T+1)/2, and for a window w, P = w(w+1)/2 + (T - w)w (docs/KERNELS.md, "FLOP model");
+- chunked scans by the chunk FLOP model of docs/KERNELS.md at model.recurrent_chunk_size (terms listed in
   `scalar_scan_flops` and `delta_rule_flops`); the last partial chunk is counted at its real length, so the count
   is exact for any T;
 - depthwise causal convs: 2 x width per channel per token.
@@ -51,10 +51,10 @@ def _chunk_sums(t: int, chunk: int) -> tuple[int, int]:
 def scalar_scan_flops(t: int, chunk: int, key_heads: int, key_dim: int, value_heads: int, value_dim: int) -> int:
   """Forward FLOPs of the chunked scalar-decay scan (Lightning, Mamba-2) for one sequence.
 
-  MIXERS.md steps, per chunk of c tokens: 1. Q K^T (2c^2 K per key head) and ((Q K^T) o Gamma) V (2c^2 V per value
+  docs/KERNELS.md steps, per chunk of c tokens: 1. Q K^T (2c^2 K per key head) and ((Q K^T) o Gamma) V (2c^2 V per value
   head); 2. the chunk's state increment (K o exp(gamma - G))^T V (2cKV per value head); 4. the inter-chunk
   read-out (Q o exp(G)) S (2cKV per value head). Step 3 (S <- exp(gamma) S + dS) is elementwise. For whole chunks
-  of C and K = V with one key head per value head this is 2C(K+V) + 4KV per token and head, as MIXERS.md states.
+  of C and K = V with one key head per value head this is 2C(K+V) + 4KV per token and head, as docs/KERNELS.md states.
   Grouped value heads (Mamba-2: one B/C head shared by all) compute Q K^T once per key head.
   """
   sq, _ = _chunk_sums(t, chunk)
@@ -62,7 +62,7 @@ def scalar_scan_flops(t: int, chunk: int, key_heads: int, key_dim: int, value_he
 
 
 def delta_rule_flops(t: int, chunk: int, heads: int, key_dim: int, value_dim: int) -> int:
-  """Forward FLOPs of the chunked gated delta rule (UT / WY form of MIXERS.md) for one sequence.
+  """Forward FLOPs of the chunked gated delta rule (UT / WY form of docs/KERNELS.md) for one sequence.
 
   Per chunk of c tokens and head: 1. beta K K^T (2c^2 K); 2. T = (I + L)^-1 of a unit lower-triangular c x c matrix,
   counted as c^3 / 3 (a triangular inverse, LAPACK's trtri count; the XLA path's row-by-row substitution does

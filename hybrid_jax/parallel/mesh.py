@@ -6,6 +6,7 @@ plain sizes the within-slice shape; the mesh is their product. The same code yie
 """
 
 import dataclasses
+import logging
 import math
 
 import jax
@@ -64,12 +65,27 @@ def make_mesh(parallel_cfg, devices=None) -> Mesh:
   shape = [ici[a] * dcn[a] for a in AXES]
   if devices == list(jax.devices()):
     return jax.make_mesh(shape, AXES, axis_types=auto)
-  try:  # Topology-aware order (TPU torus neighbours on the inner axes), also for unattached AOT devices.
-    from jax.experimental import mesh_utils
-    arr = mesh_utils.create_device_mesh(shape, devices=devices)
-  except Exception:  # Any subset of devices still makes a valid (if less local) mesh in the given order.
-    arr = np.asarray(devices).reshape(shape)
-  return Mesh(arr, AXES, axis_types=auto)
+  return Mesh(_device_array(shape, devices), AXES, axis_types=auto)
+
+
+_FALLBACK_CAUSES_REPORTED = set()
+
+
+def _device_array(shape, devices) -> np.ndarray:
+  """`devices` arranged as `shape`: topology-aware (TPU torus neighbours on the inner axes, also for unattached
+  AOT devices) when jax can, else in the given order, which is valid but may put mesh neighbours on distant chips.
+  The fallback is said once per cause, since it decides how fast the collectives of a pod run."""
+  from jax.experimental import mesh_utils
+  try:
+    return mesh_utils.create_device_mesh(shape, devices=devices)
+  except Exception as e:  # pylint: disable=broad-except  (jax raises several types; each is reported below)
+    cause = f'{type(e).__name__}: {e}'
+    if cause not in _FALLBACK_CAUSES_REPORTED:
+      _FALLBACK_CAUSES_REPORTED.add(cause)
+      logging.warning('mesh: jax could not lay out %d %s devices as %s by topology (%s); using them in the order '
+                      'given instead, which may put mesh neighbours on distant chips and slow the collectives',
+                      len(devices), devices[0].platform if devices else '', shape, cause)
+  return np.asarray(devices).reshape(shape)
 
 
 def _path_name(path) -> str:

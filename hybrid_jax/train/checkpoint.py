@@ -1,14 +1,18 @@
 """Orbax checkpoints of the train state and the data-iterator state, with fallback on a bad latest one.
 
-A restore walks back from the newest step: a corrupt or unreadable checkpoint is skipped with a warning and moved
-to `<directory>.unrestorable/` (kept for inspection), and the run continues from the newest one that restores.
+A restore walks back from the newest step: a checkpoint that is positively unreadable (files missing or corrupt, or
+arrays of another structure than the run's) is skipped with a warning and moved to `<directory>.unrestorable/`
+(kept for inspection), and the run continues from the newest one that restores. Any other failure (an I/O error
+that may pass, out of memory) stops the run with its cause and moves nothing: it says nothing about the checkpoint.
 Background (async) save failures surface as CheckpointError at the next save or at `wait()`, never silently.
 Arrays are restored into the layout of the abstract state given (its shardings), so a checkpoint written on one
 mesh restores onto another mesh shape or device count.
 """
 
+import json
 import logging
 import pathlib
+import re
 import shutil
 import time
 
@@ -19,6 +23,40 @@ import orbax.checkpoint as ocp
 
 class CheckpointError(RuntimeError):
   """A checkpoint could not be written or no saved checkpoint could be restored."""
+
+
+# tensorstore reports failures as ValueError('<status code>: ...'); these codes mean the stored bytes are missing,
+# cut short or not what the reader expected. Others (UNAVAILABLE, RESOURCE_EXHAUSTED, PERMISSION_DENIED, ...) may
+# pass or need the user, so they are not taken as corruption.
+_UNREADABLE_CODES = ('NOT_FOUND', 'DATA_LOSS', 'OUT_OF_RANGE', 'FAILED_PRECONDITION', 'INVALID_ARGUMENT')
+_STATUS_CODE = re.compile(r'^([A-Z_]{4,}): ')
+_MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)  # OSErrors that say a file is not there.
+
+
+def _chain(error):
+  """The error and the ones it was raised from or while handling."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def is_unreadable(error: BaseException) -> bool:
+  """True when a restore error shows the checkpoint itself is bad: a missing file or item, bytes that do not
+  decode, or arrays whose shapes or tree do not match the run's. False for anything else (e.g. an I/O error that
+  may pass, out of memory), which says nothing about the checkpoint."""
+  for e in _chain(error):
+    if isinstance(e, OSError) and not isinstance(e, _MISSING):
+      return False  # EIO, ENOSPC, EACCES, a dropped network mount: the files may be fine.
+    if isinstance(e, (MemoryError, jax.errors.JaxRuntimeError)):
+      return False
+  if isinstance(error, (*_MISSING, KeyError, json.JSONDecodeError, UnicodeDecodeError)):
+    return True
+  if isinstance(error, ValueError):  # tensorstore's status, or orbax's shape / tree structure mismatch.
+    code = _STATUS_CODE.match(str(error))
+    return code is None or code.group(1) in _UNREADABLE_CODES
+  return False
 
 
 class Checkpointer:
@@ -69,6 +107,11 @@ class Checkpointer:
       try:
         restored = self.manager.restore(step, args=args)
       except Exception as e:
+        if not is_unreadable(e):
+          raise CheckpointError(
+              f'restoring the checkpoint at step {step} in {self.directory} failed with {type(e).__name__}: {e}. '
+              'This is not a sign of a corrupt checkpoint, so nothing was moved or skipped; fix the cause and '
+              'rerun to resume from it.') from e
         errors.append(f'step {step}: {type(e).__name__}: {e}')
         logging.warning('checkpoint at step %d in %s cannot be restored (%s: %s); falling back to an earlier one',
                         step, self.directory, type(e).__name__, e)

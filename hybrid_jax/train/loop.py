@@ -49,6 +49,13 @@ def _stop_on_sigterm():
   """Yields a dict whose 'requested' flag turns True on SIGTERM, so the loop can checkpoint and exit cleanly."""
   flag = {'requested': False}
   if jax.process_count() > 1:  # jax's preemption service owns SIGTERM; processes agree via _stop_requested.
+    flag['preemption_service'] = jax.config.jax_enable_preemption_service
+    if not flag['preemption_service']:
+      logging.warning(
+          'preemption checkpoints are off: this multi-process run has jax_enable_preemption_service=False, and '
+          'without that service the processes cannot agree on a step to checkpoint at, so SIGTERM stops the run '
+          'without a checkpoint (the periodic ones, every train.checkpoint_every steps, are kept). Leave '
+          'JAX_ENABLE_PREEMPTION_SERVICE unset to checkpoint on SIGTERM.')
     yield flag
     return
 
@@ -69,11 +76,10 @@ def _stop_requested(flag, step) -> bool:
   (any process's SIGTERM reaches all through jax's preemption sync point, so their checkpoints stay in step)."""
   if jax.process_count() == 1:
     return flag['requested']
-  from jax.experimental import multihost_utils
-  try:
-    return bool(multihost_utils.reached_preemption_sync_point(step))
-  except RuntimeError:  # The preemption service is off (jax_enable_preemption_service=False).
+  if not flag['preemption_service']:  # Said at start (_stop_on_sigterm).
     return False
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.reached_preemption_sync_point(step))
 
 
 def _check_vocab(config):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Attention kernels on the GPU machine (one H200), in one go: install the wheels its Python lacks, check parity of
 # every block configuration the dispatcher may pick (values and gradients vs the float64 reference, compiled, not
-# interpret mode), then run the BENCH.md benchmark (pallas_gpu, cudnn, xla; ratios and GEMM ceiling same run).
+# interpret mode), then run the benchmark at docs/BENCHMARKING.md's anchor shapes (pallas_gpu, cudnn, xla; ratios
+# and GEMM ceiling in the same run).
 #
 # Prepare once on the development machine (.whl/ is git-ignored):
 #   mkdir -p .whl && cp ../shared/wheels/device/*.whl .whl/

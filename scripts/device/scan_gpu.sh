@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Scan kernels (linear_scan, gated_delta_rule) on the GPU machine (one H200), in one go: install the wheels its
 # Python lacks, check parity of the compiled Pallas GPU kernels for every chunk size / head dim the code may be
-# given (values and all gradients vs the float64 reference, MIXERS.md thresholds), then time BENCH.md's shapes
-# (bf16, B=4, H=16, K=V=128, T = 8K first, then 2K and 32K) for pallas_gpu and xla, with fla's
-# chunk_simple_gla / chunk_lightning_attn / chunk_gated_delta_rule in the same run, plus GEMM/copy ceilings.
+# given (values and all gradients vs the float64 reference, docs/KERNELS.md tolerances), then time the anchor
+# shapes of docs/BENCHMARKING.md (bf16, B=4, H=16, K=V=128, T = 8K first, then 2K and 32K) for pallas_gpu and xla,
+# with fla's chunk_simple_gla / chunk_lightning_attn / chunk_gated_delta_rule in the same run, plus GEMM/copy
+# ceilings.
 #
 # Prepare once on the development machine (.whl/ is git-ignored; about 12 MB):
 #   mkdir -p .whl && cp ../shared/wheels/device/*.whl ../shared/wheels/bench/*.whl .whl/

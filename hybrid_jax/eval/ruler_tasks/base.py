@@ -5,6 +5,7 @@ The task parameters and strings are RULER's own (copied into `hybrid_jax/eval/da
 
 import functools
 import json
+import logging
 import pathlib
 import random
 import re
@@ -142,21 +143,39 @@ def _corpus_words() -> tuple[str, ...]:
   return tuple(sorted(words))
 
 
-@functools.cache
-def word_lists() -> dict[str, tuple[str, ...]]:
-  """{'adjectives', 'nouns', 'verbs'}: wonderwords' lists as RULER uses them, else built-in corpus words.
+OFFICIAL_WORD_SOURCE = 'wonderwords'  # RULER's key words: the adjective, noun and verb lists of this package.
+CORPUS_WORD_SOURCE = 'built-in corpus words (not RULER\'s wonderwords lists)'
 
-  Without wonderwords, the corpus vocabulary is dealt into three disjoint lists, so keys still look like
-  `word-word` but carry no part-of-speech meaning.
-  """
+
+@functools.cache
+def _word_lists_and_source() -> tuple[dict[str, tuple[str, ...]], str]:
   try:
     from importlib import resources
     assets = resources.files('wonderwords') / 'assets'
     read = lambda name: tuple(w.strip() for w in (assets / name).read_text('utf-8').splitlines() if w.strip())
-    return {'adjectives': read('adjectivelist.txt'), 'nouns': read('nounlist.txt'), 'verbs': read('verblist.txt')}
-  except (ImportError, FileNotFoundError, ModuleNotFoundError):
+    lists = {'adjectives': read('adjectivelist.txt'), 'nouns': read('nounlist.txt'), 'verbs': read('verblist.txt')}
+    return lists, OFFICIAL_WORD_SOURCE
+  except (ImportError, FileNotFoundError, ModuleNotFoundError) as e:
+    logging.warning('RULER key words come from the %s because wonderwords cannot be read (%s: %s); keys and '
+                    'common-words lists differ from RULER\'s, so scores are not comparable to published RULER '
+                    'scores. Install the eval extra (pip install -e .[eval]) for the official lists.',
+                    CORPUS_WORD_SOURCE, type(e).__name__, e)
     words = _corpus_words()
-    return {'adjectives': words[0::3], 'nouns': words[1::3], 'verbs': words[2::3]}
+    return {'adjectives': words[0::3], 'nouns': words[1::3], 'verbs': words[2::3]}, CORPUS_WORD_SOURCE
+
+
+def word_lists() -> dict[str, tuple[str, ...]]:
+  """{'adjectives', 'nouns', 'verbs'}: wonderwords' lists as RULER uses them, else built-in corpus words.
+
+  Without wonderwords, the corpus vocabulary is dealt into three disjoint lists, so keys still look like
+  `word-word` but carry no part-of-speech meaning; that is warned once and recorded (word_source).
+  """
+  return _word_lists_and_source()[0]
+
+
+def word_source() -> str:
+  """Where word_lists() came from: OFFICIAL_WORD_SOURCE, or CORPUS_WORD_SOURCE when wonderwords is missing."""
+  return _word_lists_and_source()[1]
 
 
 def word_key(rng: random.Random) -> str:
