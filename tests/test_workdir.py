@@ -15,7 +15,7 @@ import pytest
 
 from hybrid_jax import runs
 from hybrid_jax.study import collect
-from hybrid_jax.train import config_history, optim, workdir_lock
+from hybrid_jax.train import config_history, loop, optim, session as session_lib, workdir_lock
 from tests.conftest import ROOT, small_config
 from tests.test_loop import _cli
 
@@ -23,7 +23,7 @@ ENV = dict(os.environ, JAX_PLATFORMS='cpu')
 
 
 def _train(workdir, *overrides):
-  return subprocess.run(_cli(workdir, *overrides), env=ENV, capture_output=True, text=True, cwd=ROOT)
+  return subprocess.run(_cli(workdir, *overrides), env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 def _errors(stderr):
@@ -99,6 +99,22 @@ def test_a_model_change_is_refused_and_a_learning_rate_change_is_recorded_with_i
   assert [logged[s] for s in range(1, 17)] == pytest.approx(
       [float(old_lr(s - 1)) for s in range(1, 13)] + [float(new_lr(s - 1)) for s in range(13, 17)])
   assert collect.collect_run(workdir)['config_changed'] == 'train.lr@13,train.steps@13'
+
+
+def test_a_trainer_whose_lease_was_taken_over_stops_before_its_next_checkpoint(small, tmp_path, monkeypatch):
+  original_start = session_lib.Session.start
+
+  def start_then_lose_the_lease(self, resumed_from):
+    original_start(self, resumed_from)
+    lease = dict(workdir_lock.read_lease(tmp_path), token='taker', pid=4242, host='other-host')
+    (tmp_path / workdir_lock.LEASE_FILE).write_text(json.dumps(lease))  # As if suspended past its timeout.
+    self.lock.renew()  # What the renewal thread does next.
+
+  monkeypatch.setattr(session_lib.Session, 'start', start_then_lose_the_lease)
+  with pytest.raises(workdir_lock.WorkdirLost, match='taken over by process 4242 on host other-host'):
+    loop.train(small, tmp_path)
+  assert runs.checkpoint_steps(tmp_path) == []
+  assert workdir_lock.read_lease(tmp_path)['token'] == 'taker'
 
 
 def test_two_processes_take_over_once_and_stop_together(tmp_path):

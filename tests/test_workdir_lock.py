@@ -96,7 +96,8 @@ def test_renewal_moves_the_heartbeat_and_a_lost_lease_stops_the_holder(tmp_path,
   with pytest.raises(workdir_lock.WorkdirLost, match='taken over by process 4242 on host other-host'):
     lock.check()
   lock.release()
-  assert workdir_lock.read_lease(tmp_path)['token'] == 'theirs'  # Their lease is left alone.
+  assert workdir_lock.read_lease(tmp_path)['token'] == 'theirs'  # Their lease is left alone, still held.
+  assert workdir_lock.read_lease(tmp_path)['state'] == 'held'
 
 
 def test_object_store_protocol_loses_to_a_lease_written_at_the_same_moment(tmp_path, monkeypatch):
