@@ -111,3 +111,11 @@ def test_object_store_protocol_loses_to_a_lease_written_at_the_same_moment(tmp_p
   monkeypatch.setattr(workdir_lock._RemoteLeaseFile, 'write', write_then_overwritten)
   with pytest.raises(workdir_lock.WorkdirBusy, match='at the same moment'):
     lock.acquire(renew_in_background=False)
+
+
+def test_a_malformed_held_lease_is_taken_over_not_a_crash(tmp_path, caplog):
+  (tmp_path / workdir_lock.LEASE_FILE).write_text(json.dumps({'state': 'held', 'host': 'h'}))
+  with caplog.at_level(logging.WARNING):
+    lock = workdir_lock.WorkdirLock(tmp_path).acquire(renew_in_background=False)
+  assert "lacks the holder's process or heartbeat" in caplog.text
+  lock.release()

@@ -6,6 +6,7 @@ process (they all stop with its message). Read-only commands (eval, analyze, col
 """
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -19,6 +20,9 @@ from hybrid_jax.train import config_history, workdir_lock
 # What stops a session for the sake of its workdir's record (one line for the user, exit status 2): another
 # trainer holds it, the config would change the run, or (while training) another trainer took it over.
 REFUSALS = (workdir_lock.WorkdirBusy, config_history.ConfigChangeRefused, workdir_lock.WorkdirLost)
+
+
+_OPENED = itertools.count()  # Sessions opened by this process: each decision has its own key in multi-process runs.
 
 
 class Session:
@@ -48,6 +52,9 @@ class Session:
       return
     fresh = resumed_from == 0
     config_json = self.lock.workdir / 'config.json'
+    if not fresh and not config_json.exists():
+      logging.warning('%s has checkpoints but no config.json: writing this session\'s config; the config of the '
+                      'steps before %d is unknown', self.workdir, resumed_from + 1)
     if fresh or not config_json.exists():
       config_json.write_text(self.config.to_json_best_effort(indent=2) + '\n')
     about = {'host': socket.gethostname(), 'pid': os.getpid(), 'processes': jax.process_count()}
@@ -79,7 +86,7 @@ class Session:
 def open_session(config, workdir):
   """The session of a training run in `workdir`; raises one of REFUSALS (on every process) if it may not train."""
   session = Session(config, workdir)
-  distributed.lead_decides('hybrid_jax/workdir_session', session.claim, REFUSALS,
+  distributed.lead_decides(f'workdir_session/{next(_OPENED)}', session.claim, REFUSALS,
                            config.parallel.distributed.barrier_timeout_s)
   try:
     yield session

@@ -83,7 +83,7 @@ def holder_alive(lease: dict, now: float, machine: str, running=pid_running) -> 
 
 
 def describe(lease: dict) -> str:
-  return f'process {lease["pid"]} on host {lease["host"]}, started {lease["started_at"]}'
+  return f'process {lease.get("pid", "?")} on host {lease.get("host", "?")}, started {lease.get("started_at", "?")}'
 
 
 def _utc(t: float) -> str:
@@ -192,7 +192,10 @@ class WorkdirLock:
     with self._file.locked() as io:
       current = self._parse(io.read())
       if current and current.get('state') == 'held':
-        alive, why = holder_alive(current, self.clock(), self.machine)
+        try:
+          alive, why = holder_alive(current, self.clock(), self.machine)
+        except (KeyError, TypeError, ValueError):  # Edited by hand or by another program.
+          alive, why = False, 'its lease lacks the holder\'s process or heartbeat'
         if alive:
           raise WorkdirBusy(self._busy_message(current, why))
         logging.warning('taking over %s from the trainer that held it (%s): %s', self.workdir, describe(current), why)
