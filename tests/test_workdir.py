@@ -55,6 +55,7 @@ def test_a_second_trainer_is_refused_while_the_first_runs(tmp_path):
     assert f'process {first.pid} on host {socket.gethostname()}, started {lease["started_at"]}' in errors[0]
     assert 'Traceback' not in second.stderr
     assert first.poll() is None and workdir_lock.read_lease(workdir)['pid'] == first.pid  # Left alone.
+    assert runs.load_config(workdir).train.steps == 100000  # Reading a held run needs no lease.
     _wait(lambda: len(runs.checkpoint_steps(workdir)) > 3, first, 'more checkpoints')  # Still training.
   finally:
     first.send_signal(signal.SIGKILL)
