@@ -43,9 +43,12 @@ def _workdir(config) -> pathlib.Path:
 def cmd_train(config):
   """Train (or resume) a run in the workdir and write its report."""
   from hybrid_jax.parallel import distributed
-  from hybrid_jax.train import loop
+  from hybrid_jax.train import loop, session
   try:
     result = loop.train(config, _workdir(config))
+  except session.REFUSALS as e:  # Another trainer holds the workdir, or the config would change the run.
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    return 2
   except distributed.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.stdout.flush()

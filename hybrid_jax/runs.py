@@ -1,8 +1,8 @@
 """A trained run as its directory: `config.json` plus orbax checkpoints, loaded read-only for evaluation and analysis.
 
-Training writes `<workdir>/config.json` and `<workdir>/checkpoints/<step>/`; `load_run` turns them back into a
-model and its parameters on the local devices. Nothing in the run directory is moved or rewritten here (unlike
-training's resume, which sets unrestorable checkpoints aside).
+Training writes `<workdir>/config.json`, `config_history.json` and `<workdir>/checkpoints/<step>/`; `load_run`
+turns them back into a model and its parameters on the local devices. Nothing in the run directory is moved or
+rewritten here (unlike training's resume, which sets unrestorable checkpoints aside), and no lease is taken.
 """
 
 import dataclasses
@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
-from hybrid_jax.train import state as state_lib
+from hybrid_jax.train import config_history, state as state_lib
 
 
 class RunError(ValueError):
@@ -43,7 +43,8 @@ class Run:
 
 
 def load_config(workdir) -> ml_collections.ConfigDict:
-  """The validated config a run was trained with (from `<workdir>/config.json`)."""
+  """The validated config of a run's latest step: `<workdir>/config.json` (its first step's) with the changes
+  its resumes recorded in `config_history.json` applied."""
   path = pathlib.Path(workdir) / 'config.json'
   if not path.is_file():
     raise RunError(f'{workdir} is not a run directory: no config.json (train one with `python -m hybrid_jax train '
@@ -52,6 +53,10 @@ def load_config(workdir) -> ml_collections.ConfigDict:
     saved = json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise RunError(f'{path} is not valid JSON: {e}') from e
+  try:
+    saved = config_history.apply(saved, config_history.read_sessions(workdir))
+  except ConfigError as e:
+    raise RunError(str(e)) from e
   config = _with_new_defaults(saved, load_config_file(str(BASE_CONFIG)), path)
   try:
     return validate(config)

@@ -160,6 +160,7 @@ def test_kill_9_then_rerun_continues_bit_for_bit(tmp_path):
 
   resumed = subprocess.run(_cli(tmp_path / 'killed', *args), env=env, capture_output=True, text=True)
   assert resumed.returncode == 0, resumed.stderr
+  assert f'process {victim.pid} is gone' in resumed.stderr  # The killed trainer's workdir lease, taken over.
   report = json.loads((tmp_path / 'killed' / 'report.json').read_text())
   assert 30 <= report['resumed_from'] < 150
   expected, got = _losses(tmp_path / 'reference'), _losses(tmp_path / 'killed')

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.parallel import distributed
+from hybrid_jax.train import workdir_lock
 from tests.conftest import ROOT, small_config
 from tests.test_loop import _cli, _logged_steps, _losses
 
@@ -67,6 +68,7 @@ def test_config_hash_ignores_only_the_process_id():
 _HASH_CHECK = '''
 import sys
 from hybrid_jax.parallel import distributed
+from hybrid_jax.train import workdir_lock
 from tests.conftest import small_config
 c = small_config()
 c.parallel.distributed.initialize = 'always'
@@ -206,6 +208,8 @@ def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   assert [p.wait(timeout=900) for p in procs] == [0, 0], _log(tmp_path, 0)[-3000:] + _log(tmp_path, 1)[-3000:]
   report = json.loads((workdir / 'report.json').read_text())
   assert report['processes'] == 2 and report['mesh'] == {'data': 2, 'fsdp': 1, 'tensor': 1}
+  lease = workdir_lock.read_lease(workdir)  # Process 0 alone held the workdir, for both.
+  assert lease['pid'] == procs[0].pid and lease['state'] == 'released'
   got, expected = _losses(workdir), _reference_losses(6, 2)
   assert sorted(got) == list(range(1, 7))
   assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
@@ -215,6 +219,7 @@ def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   assert [p.wait(timeout=900) for p in procs] == [0, 0], _log(tmp_path, 0)[-3000:]
   report = json.loads((workdir / 'report.json').read_text())
   assert report['resumed_from'] == 6 and report['steps'] == 8
+  assert [(s['resumed_from'], s['processes']) for s in report['sessions']] == [(None, 2), (6, 2)]
   longer = _reference_losses(8, 2)
   got = _losses(workdir)
   assert max(abs(got[s] - longer[s]) for s in (7, 8)) < 1e-5

@@ -149,3 +149,29 @@ def peer_failure(error: Exception, step: int) -> DistributedError:
       f'{who}. '
       f'See that process\'s log; rerunning the same command resumes from the last checkpoint. '
       f'({type(error).__name__}: {str(error)[:300]})')
+
+
+def lead_decides(tag: str, decide, errors: tuple, timeout_s: int) -> None:
+  """Runs `decide()` on process 0 only; when it raises, every process raises the same (an error of `errors` by
+  its class, anything else as DistributedError) with its message, so all processes stop alike."""
+  if jax.process_count() == 1:
+    decide()
+    return
+  client, key = _kv_client(), f'hybrid_jax/lead_decides/{tag}'
+  if jax.process_index() == 0:
+    try:
+      decide()
+    except BaseException as e:
+      client.key_value_set(key, json.dumps({'error': type(e).__name__, 'message': str(e)}))
+      raise
+    client.key_value_set(key, json.dumps({}))
+    return
+  try:
+    outcome = json.loads(client.blocking_key_value_get(key, int(timeout_s * 1000)))
+  except Exception as e:
+    raise DistributedError(f'process 0 did not report {tag} within config.parallel.distributed.barrier_timeout_s='
+                           f'{timeout_s} s (it may have crashed): {type(e).__name__}: {e}') from e
+  if 'error' in outcome:
+    error = {cls.__name__: cls for cls in errors}.get(outcome['error'], DistributedError)
+    raise error(outcome['message'] if error is not DistributedError else
+                f'process 0 failed at {tag}: {outcome["error"]}: {outcome["message"]}')

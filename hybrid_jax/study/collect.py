@@ -4,7 +4,8 @@ A row carries the run's arch, scale, N (non-embedding parameters), D (tokens tra
 `token_multiplier` (D/N as '200.110938n', the released data's format, so `python -m hybrid_jax fit` reads it),
 then every final metric found: held-out loss (report.json), and from `eval/<task>.json` perplexity, LongPPL,
 RULER (average and NIAH sub-average), NIAH grid average and LongBench, one column per context length. A metric a
-run lacks is an empty cell.
+run lacks is an empty cell. `config_changed` flags a run whose training settings a resume changed ('train.lr@13':
+from step 13 on; empty when the run trained as configured throughout).
 """
 
 import argparse
@@ -15,9 +16,10 @@ import sys
 
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.models.counting import param_counts
+from hybrid_jax.train import config_history
 
 FIXED_COLUMNS = ('run', 'arch', 'scale', 'model_size', 'n', 'tokens', 'token_multiplier', 'steps', 'status',
-                 'loss')
+                 'config_changed', 'loss')
 
 # task -> (per-context result key -> column prefix)
 _EVAL_COLUMNS = {
@@ -49,7 +51,8 @@ def collect_run(workdir) -> dict:
   row = {'run': workdir.name, 'arch': config.model.arch, 'scale': config.model.scale, 'n': n,
          'model_size': config.model.scale.upper(), 'tokens': tokens, 'token_multiplier': f'{tokens / n:.9g}n',
          'steps': report['steps'], 'status': report.get('status', ''),
-         'loss': (report.get('eval') or {}).get('loss', '')}
+         'loss': (report.get('eval') or {}).get('loss', ''),
+         'config_changed': config_history.training_changes(config_history.read_sessions(workdir))}
   eval_dir = workdir / 'eval'
   for task, keys in _EVAL_COLUMNS.items():
     path = eval_dir / f'{task}.json'

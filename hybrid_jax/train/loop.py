@@ -28,6 +28,7 @@ from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import checkpoint, metrics, optim, profiling, report, state as state_lib, step as step_lib
+from hybrid_jax.train import session as session_lib
 
 
 class TrainingDiverged(RuntimeError):
@@ -112,16 +113,22 @@ def warn_if_slow_on_cpu(config) -> None:
 
 
 def train(config, workdir) -> dict:
-  """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json)."""
+  """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json).
+
+  The run holds `workdir` throughout; another trainer on it, or a resume that changes a key defining the run,
+  stops before anything is restored (session.REFUSALS).
+  """
   validate(config)
   _check_vocab(config)
   distributed.initialize(config.parallel.distributed)
   distributed.check_same_config(config, config.parallel.distributed.barrier_timeout_s)
+  with session_lib.open_session(config, workdir) as session:
+    return _train(config, pathlib.Path(workdir), session)
+
+
+def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
   lead = jax.process_index() == 0  # Process 0 writes metrics and reports; all processes write checkpoints.
-  workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  if lead:
-    (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
   t = config.train
   tokens_per_step = t.batch_size * config.data.seq_len
   flops_per_step = training_flops_per_token(config.model, config.data.seq_len) * tokens_per_step  # Model FLOPs.
@@ -145,6 +152,7 @@ def train(config, workdir) -> dict:
     state = state_lib.init_sharded_train_state(config.model, config.seed, tx, shardings.state)
     if t.init_from:
       state['params'] = _params_of_run(t.init_from, state['params'])
+  session.start(start)  # config.json for a fresh run; this session (and its config changes) in the history.
   train_step = step_lib.make_train_step(model_def, tx, t, shardings)
   eval_step = step_lib.make_eval_step(model_def, shardings, t.loss_chunk)
   probe = callbacks.make_retrieval_probe(config, model_def, mesh)  # None unless train.retrieval_probe_every > 0.
@@ -197,6 +205,7 @@ def train(config, workdir) -> dict:
           writer.write(step, probe(state['params']), prefix='probe')
         stop['requested'] = _stop_requested(stop, step)
         if step % t.checkpoint_every == 0 or step == t.steps or stop['requested']:
+          session.check()  # Never write into a workdir another trainer has taken over.
           ckpt.save(step, state, data_iter)
           last_saved = step
         if stop['requested']:
@@ -225,6 +234,7 @@ def train(config, workdir) -> dict:
   result = {
       'name': config.name, 'arch': config.model.arch, 'scale': config.model.scale, 'status': status,
       'steps': step, 'resumed_from': start, 'seq_len': config.data.seq_len, 'batch_size': t.batch_size,
+      'sessions': session.sessions,  # Every start and resume, with its config changes (config_history.json).
       'params': {k: counts[k] for k in ('non_embedding', 'embedding', 'total')},
       'devices': [str(d) for d in jax.devices()],
       'mesh': dict(mesh.shape), 'processes': jax.process_count(),

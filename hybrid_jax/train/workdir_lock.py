@@ -1,0 +1,252 @@
+"""Exclusive use of a run directory by one trainer: a lease file, `<workdir>/lock.json`, renewed while training.
+
+The lease names its holder (host, process id, start time) and when it was last renewed. A second trainer on the
+same workdir stops with a line naming the holder. A holder that died is taken over with a warning: on the holder's
+own host (same machine boot and process namespace) as soon as its process is gone; seen from anywhere else (a
+shared filesystem, `gs://`) once its lease went unrenewed for longer than its timeout, since a process on another
+machine cannot be asked whether it lives.
+
+On a local path every read-modify-write of the lease happens under `flock`, so two trainers starting together
+cannot both win. Object stores have no such lock: there the winner is whoever's lease is read back after writing,
+and a holder that finds someone else's lease at its next renewal stops before it writes another checkpoint.
+"""
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from etils import epath
+
+LEASE_FILE = 'lock.json'
+TIMEOUT_S = 120.0  # A lease not renewed for this long is stale (holders on other hosts).
+RENEW_EVERY_S = 20.0
+
+
+class WorkdirBusy(RuntimeError):
+  """Another live trainer holds the run directory."""
+
+
+class WorkdirLost(RuntimeError):
+  """This trainer's lease was taken over (it went unrenewed past its timeout); it must stop writing."""
+
+
+def _read_proc(path: str) -> str:
+  try:
+    with open(path) as f:
+      return f.read().strip()
+  except OSError:
+    return ''
+
+
+def _machine() -> str:
+  """Where a process id means something: host name, boot and process namespace (containers share a host name)."""
+  try:
+    namespace = str(os.stat('/proc/self/ns/pid').st_ino)
+  except OSError:
+    namespace = ''
+  return f'{socket.gethostname()}/{_read_proc("/proc/sys/kernel/random/boot_id")}/{namespace}'
+
+
+def _pid_start(pid: int) -> str:
+  """The start time of process `pid` (clock ticks since boot; '' where /proc is absent): tells a reused pid apart."""
+  stat = _read_proc(f'/proc/{pid}/stat')
+  return stat.rpartition(')')[2].split()[19] if stat else ''
+
+
+def pid_running(pid: int, start: str) -> bool:
+  """Whether process `pid` on this machine is alive and still the process that started at `start`."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Alive, owned by another user.
+    pass
+  return not start or _pid_start(pid) in ('', start)
+
+
+def holder_alive(lease: dict, now: float, machine: str, running=pid_running) -> tuple[bool, str]:
+  """(alive, why) for the holder of `lease`, judged from a process on `machine` at time `now`."""
+  if lease.get('machine') == machine:
+    if running(int(lease['pid']), lease.get('pid_start', '')):
+      return True, 'its process is running on this host'
+    return False, f'its process {lease["pid"]} is gone'
+  age = now - float(lease['heartbeat_at'])
+  if age > float(lease['timeout_s']):
+    return False, f'its lease was last renewed {age:.0f} s ago (stale after {float(lease["timeout_s"]):.0f} s)'
+  return True, f'its lease was renewed {age:.0f} s ago'
+
+
+def describe(lease: dict) -> str:
+  return f'process {lease.get("pid", "?")} on host {lease.get("host", "?")}, started {lease.get("started_at", "?")}'
+
+
+def _utc(t: float) -> str:
+  return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
+
+
+def is_local(workdir) -> bool:
+  return '://' not in str(workdir)
+
+
+class _LocalLeaseFile:
+  """The lease on a local (or NFS) path: every read-modify-write under an exclusive flock of the file itself."""
+
+  def __init__(self, path: epath.Path):
+    self.path = path
+
+  @contextlib.contextmanager
+  def locked(self):
+    import fcntl  # pylint: disable=g-import-not-at-top
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+      yield _LocalIO(fd)
+    finally:
+      os.close(fd)  # Releases the flock.
+
+
+class _LocalIO:
+
+  def __init__(self, fd):
+    self.fd = fd
+
+  def read(self) -> str:
+    os.lseek(self.fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(self.fd, 65536):
+      chunks.append(chunk)
+    return b''.join(chunks).decode()
+
+  def write(self, text: str) -> None:
+    os.lseek(self.fd, 0, os.SEEK_SET)
+    os.ftruncate(self.fd, 0)
+    os.write(self.fd, text.encode())
+    os.fsync(self.fd)
+
+
+class _RemoteLeaseFile:
+  """The lease on an object store (gs://): plain whole-object reads and writes through etils epath."""
+
+  def __init__(self, path: epath.Path):
+    self.path = path
+
+  @contextlib.contextmanager
+  def locked(self):
+    yield self
+
+  def read(self) -> str:
+    return self.path.read_text() if self.path.exists() else ''
+
+  def write(self, text: str) -> None:
+    self.path.write_text(text)
+
+
+def read_lease(workdir) -> dict | None:
+  """The lease in `workdir` (held or released), or None if there is none or it is unreadable."""
+  path = epath.Path(workdir) / LEASE_FILE
+  try:
+    return json.loads(path.read_text()) if path.exists() else None
+  except (json.JSONDecodeError, OSError):
+    return None
+
+
+class WorkdirLock:
+  """The lease of one trainer on one workdir: `acquire()` once, `check()` before writing, `release()` at the end."""
+
+  def __init__(self, workdir, *, timeout_s: float = TIMEOUT_S, renew_every_s: float = RENEW_EVERY_S,
+               local: bool | None = None, clock=time.time):
+    self.workdir = epath.Path(workdir)
+    self.timeout_s, self.renew_every_s, self.clock = timeout_s, renew_every_s, clock
+    path = self.workdir / LEASE_FILE
+    self._file = _LocalLeaseFile(path) if (is_local(workdir) if local is None else local) else _RemoteLeaseFile(path)
+    self.machine = _machine()
+    self.token = uuid.uuid4().hex
+    self.taken_over = None  # The dead holder's lease, when this lock replaced one.
+    self._lost = None
+    self._stop = threading.Event()
+    self._thread = None
+    self._started = None
+
+  def _lease(self, **extra) -> dict:
+    return {'state': 'held', 'host': socket.gethostname(), 'pid': os.getpid(), 'started_at': _utc(self._started),
+            'heartbeat_at': self.clock(), 'timeout_s': self.timeout_s, 'machine': self.machine,
+            'pid_start': _pid_start(os.getpid()), 'token': self.token, **extra}
+
+  @staticmethod
+  def _parse(text: str) -> dict | None:
+    try:
+      return json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:  # Cut short by a crash mid-write: nobody's lease.
+      return None
+
+  def acquire(self, *, renew_in_background: bool = True) -> 'WorkdirLock':
+    """Takes the workdir, or raises WorkdirBusy naming its live holder; a dead holder is taken over (warned)."""
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self._started = self.clock()
+    with self._file.locked() as io:
+      current = self._parse(io.read())
+      if current and current.get('state') == 'held':
+        try:
+          alive, why = holder_alive(current, self.clock(), self.machine)
+        except (KeyError, TypeError, ValueError):  # Edited by hand or by another program.
+          alive, why = False, 'its lease lacks the holder\'s process or heartbeat'
+        if alive:
+          raise WorkdirBusy(self._busy_message(current, why))
+        logging.warning('taking over %s from the trainer that held it (%s): %s', self.workdir, describe(current), why)
+        self.taken_over = dict(current, why=why)
+      io.write(json.dumps(self._lease(), indent=2) + '\n')
+    if not isinstance(self._file, _LocalLeaseFile):  # No lock on an object store: the lease read back wins.
+      winner = self._parse(self._file.read())
+      if not winner or winner.get('token') != self.token:
+        raise WorkdirBusy(self._busy_message(winner or {}, 'it wrote its lease at the same moment'))
+    if renew_in_background:
+      self._thread = threading.Thread(target=self._renew_loop, name='hybrid_jax-workdir-lease', daemon=True)
+      self._thread.start()
+    return self
+
+  def _busy_message(self, holder: dict, why: str) -> str:
+    who = describe(holder) if 'pid' in holder else 'another trainer'
+    return (f'{self.workdir} is in use by another trainer: {who} ({why}); wait for it to finish or stop it, or '
+            f'train into another --workdir (a holder that dies is taken over: at once on its own host, after '
+            f'{float(holder.get("timeout_s", self.timeout_s)):.0f} s without renewal from elsewhere)')
+
+  def renew(self) -> None:
+    """Refreshes the lease's heartbeat; notes the loss (raised by check()) if another trainer holds it now."""
+    with self._file.locked() as io:
+      current = self._parse(io.read())
+      if not current or current.get('token') != self.token:
+        self._lost = current or {}
+        return
+      io.write(json.dumps(self._lease(), indent=2) + '\n')
+
+  def _renew_loop(self):
+    while not self._stop.wait(self.renew_every_s):
+      try:
+        self.renew()
+      except OSError as e:  # A transient storage error: keep trying; the timeout leaves room for several misses.
+        logging.warning('could not renew the lease on %s: %s', self.workdir, e)
+      if self._lost is not None:
+        return
+
+  def check(self) -> None:
+    """Raises WorkdirLost when another trainer has taken the workdir over (before this one writes more)."""
+    if self._lost is not None:
+      who = describe(self._lost) if 'pid' in self._lost else 'someone'
+      raise WorkdirLost(f'{self.workdir} was taken over by {who}: this trainer\'s lease went unrenewed for over '
+                        f'{self.timeout_s:.0f} s (was the process suspended?); stopping without writing more')
+
+  def release(self) -> None:
+    """Marks the lease released (kept as the record of the last holder) unless another trainer holds it now."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    with self._file.locked() as io:
+      current = self._parse(io.read())
+      if current and current.get('token') == self.token:
+        io.write(json.dumps(dict(current, state='released', released_at=_utc(self.clock())), indent=2) + '\n')
