@@ -12,11 +12,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 def plot_losses(records: list[dict], path) -> None:
   """Train loss per logged step, with held-out evaluations as points."""
   train = [r for r in records if r['kind'] == 'train' and 'loss' in r]
-  evals = [r for r in records if r['kind'] == 'eval' and 'loss' in r]
+  evals = [r for r in records if r['kind'] == 'eval' and 'packed_loss' in r]
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss', lw=1)
   if evals:
-    ax.plot([r['step'] for r in evals], [r['loss'] for r in evals], 'o-', label='held-out loss')
+    ax.plot([r['step'] for r in evals], [r['packed_loss'] for r in evals], 'o-', label='held-out loss (packed rows)')
   ax.set_xlabel('step')
   ax.set_ylabel('loss (nats / token)')
   ax.grid(alpha=0.3)
