@@ -18,6 +18,7 @@ from hybrid_jax.eval.perplexity import perplexity
 
 # Contexts spanning more than this ratio get a log-scaled position axis.
 LOG_AXIS_SPAN = 4
+LINE_STYLES = ('-', '--', ':', '-.')
 
 
 def bucket_edges(lengths: Sequence[int], buckets: int) -> list[int]:
@@ -96,14 +97,16 @@ def evaluate(eval_step, params, documents: HeldOutDocuments, lengths: Sequence[i
 
 def plot(ax, curves: dict[str, dict]) -> None:
   """Draws labelled summaries on `ax`: bucket losses with a band of one standard error, the document count in the
-  legend; the position axis is log-scaled when the contexts span more than LOG_AXIS_SPAN times."""
+  legend; the position axis is log-scaled when the contexts span more than LOG_AXIS_SPAN times. Line styles differ
+  so curves that coincide (the same documents at two contexts) stay visible."""
   ends = []
-  for label, summary in curves.items():
+  for i, (label, summary) in enumerate(curves.items()):
     buckets = summary['loss_by_position']
     x = np.array([(b['start'] + b['end']) / 2 for b in buckets])
     y = np.array([b['loss'] for b in buckets])
     err = np.array([b['stderr'] for b in buckets])
-    line, = ax.plot(x, y, marker='o', markersize=3, label=f"{label} ({summary['documents']} documents)")
+    line, = ax.plot(x, y, marker='o', markersize=3, linestyle=LINE_STYLES[i % len(LINE_STYLES)],
+                    label=f"{label} ({summary['documents']} documents)")
     ax.fill_between(x, y - err, y + err, color=line.get_color(), alpha=0.2, linewidth=0)
     ends.append(buckets[-1]['end'])
   if max(ends) > LOG_AXIS_SPAN * min(ends):
