@@ -128,8 +128,12 @@ def get_config(arg=None):
 
   # ------------------------------------------------------------------------------------------------ eval
   e = c.eval = ml_collections.ConfigDict()
-  e.position_buckets = 8  # Equal-width position buckets for loss-by-position.
-  e.batches = 8  # Held-out batches for the final evaluation.
+  # Loss by position is measured on whole held-out documents read from their start, the same documents at every
+  # context length (hybrid_jax.eval.position): `documents` of them, each at least as long as the longest context.
+  # 0 leaves loss by position out of the training report (held-out text without documents that long).
+  e.documents = 16
+  e.position_buckets = 8  # Equal-width position buckets over the (shortest) context, for loss by position.
+  e.batches = 8  # Packed held-out batches for the final held-out loss (packed_loss, what training optimises).
 
   # -------------------------------------------------------------------------------------------- parallel
   # Device mesh ('data', 'fsdp', 'tensor') and how logical axes map onto it (see hybrid_jax.parallel). The

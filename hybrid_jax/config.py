@@ -201,6 +201,9 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _positive_int(c, 'train.retrieval_probe_samples')
   if not isinstance(_get(c, 'train.init_from'), str):
     _fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")
+  documents = c.eval.documents
+  if isinstance(documents, bool) or not isinstance(documents, int) or documents < 0 or documents == 1:
+    _fail('eval.documents', documents, 'must be 0 (off) or an integer >= 2 (a standard error needs two documents)')
   if c.eval.position_buckets > c.data.seq_len:
     _fail('eval.position_buckets', c.eval.position_buckets, f'must be <= data.seq_len={c.data.seq_len}')
   _validate_parallel(c)

@@ -93,6 +93,7 @@ def test_missing_config_file():
     ('data.eval_fraction', 1.0, r'config.data.eval_fraction=1.0 is invalid'),
     ('model.head_dim', 31, r'must be even when RoPE is used'),
     ('eval.position_buckets', 1000, r'must be <= data.seq_len=512'),
+    ('eval.documents', 1, r'config.eval.documents=1 is invalid: must be 0 \(off\) or an integer >= 2'),
     ('train.loss_chunk', -1, r'config.train.loss_chunk=-1 is invalid: must be an integer >= 0'),
 ])
 def test_bad_values_name_key_value_and_allowed(key, value, message):

@@ -3,6 +3,7 @@
 import json
 import math
 import re
+import shutil
 
 import jax
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from tests.conftest import small_config
 from hybrid_jax import runs
-from hybrid_jax.data import pipeline
+from hybrid_jax.data import pipeline, sources
 from hybrid_jax.data.tokenizers import ByteTokenizer
 from hybrid_jax.eval import cli, suite
 from hybrid_jax.eval.scoring import ModelScorer
@@ -45,24 +46,53 @@ def test_parse_tasks():
     suite.parse_tasks(' , ')
 
 
-def test_ppl_matches_a_direct_forward_pass(tiny_run, tmp_path, capsys):
+def _run_on_files(tiny_run, tmp_path, corpus):
+  """A copy of the tiny run whose held-out text is `corpus` (a JSONL file), half of it held out."""
+  run_dir = tmp_path / 'run'
+  shutil.copytree(tiny_run, run_dir)
+  config = json.loads((run_dir / 'config.json').read_text())
+  config['data'].update(source='files', paths=str(corpus), eval_fraction=0.5)
+  (run_dir / 'config.json').write_text(json.dumps(config))
+  return run_dir
+
+
+def test_ppl_by_position_on_the_same_documents_and_packed_loss_beside_it(tiny_run, tmp_path, capsys):
+  corpus = tmp_path / 'docs.jsonl'
+  corpus.write_text(''.join(json.dumps({'text': (f'doc {i:02d}: ' + 'x = y + 1\n' * 12)[:(100, 48)[i % 2]]}) + '\n'
+                            for i in range(40)))  # 48-byte documents reach 32 tokens but not 64.
+  run_dir = _run_on_files(tiny_run, tmp_path, corpus)
   out = tmp_path / 'eval'
-  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'ppl', '--context-lengths', '32,64', '--ppl-batches', '2',
-                   '--batch-size', '2', '--out', str(out), '--no-progress']) == 0
+  assert cli.main(['--workdir', str(run_dir), '--tasks', 'ppl', '--context-lengths', '32,64', '--ppl-batches', '2',
+                   '--ppl-documents', '5', '--batch-size', '2', '--out', str(out), '--no-progress']) == 0
   result = json.loads((out / 'ppl.json').read_text())
   assert (out / 'ppl_by_position.png').stat().st_size > 0
   assert result['step'] == 12 and set(result['by_context']) == {'32', '64'}
-  run = runs.load_run(tiny_run)
-  for length in (32, 64):
+  short, long = result['by_context']['32'], result['by_context']['64']
+  ids = result['documents']['ids']
+  assert short['document_ids'] == long['document_ids'] == ids and len(set(ids)) == 5
+  run = runs.load_run(run_dir)
+  held_out = sources.make_source(run.config.data, 'eval')
+  texts = [held_out[i].encode() for i in ids]
+  assert all(len(t) >= 64 for t in texts) and any(len(held_out[i]) == 48 for i in range(len(held_out)))
+  rows = np.stack([np.concatenate([[256], np.frombuffer(t, np.uint8)[:64]]) for t in texts]).astype(np.int32)
+  nll = _log_softmax_nll(run.model(rows[:, :-1]), rows[:, 1:])  # Each document from its start, after EOS.
+  for length, got in ((32, short), (64, long)):
+    assert got['documents'] == 5 and got['tokens'] == 5 * length
+    np.testing.assert_allclose(got['loss'], nll[:, :length].mean(), rtol=1e-5)
+    for b in got['loss_by_position']:
+      np.testing.assert_allclose(b['loss'], nll[:, b['start']:b['end']].mean(), rtol=1e-5)
+  assert [(b['start'], b['end']) for b in long['loss_by_position']][:4] == [(0, 8), (8, 16), (16, 24), (24, 32)]
+  for a, b in zip(short['loss_by_position'], long['loss_by_position']):
+    assert a['loss'] == pytest.approx(b['loss'], rel=1e-6)
+  for length in (32, 64):  # The packed loss, labelled so, over packed rows as training sees them.
     config = run.config.copy_and_resolve_references()
     config.data.seq_len, config.train.batch_size = length, 2
-    nll = [_log_softmax_nll(run.model(b['inputs']), b['targets']) for b in pipeline.make_eval_batches(config, 2)]
+    packed = [_log_softmax_nll(run.model(b['inputs']), b['targets']) for b in pipeline.make_eval_batches(config, 2)]
     got = result['by_context'][str(length)]
-    assert got['tokens'] == 2 * 2 * length
-    np.testing.assert_allclose(got['loss'], np.mean(nll), rtol=1e-4)
-    assert len(got['loss_by_position']) == config.eval.position_buckets
+    assert got['packed_tokens'] == 2 * 2 * length
+    np.testing.assert_allclose(got['packed_loss'], np.mean(packed), rtol=1e-4)
   printed = capsys.readouterr().out
-  assert 'perplexity' in printed and 'ppl' in printed
+  assert 'perplexity' in printed and 'packed_loss' in printed
 
 
 def test_longppl_with_file_spans_and_self_evaluator(tiny_run, tmp_path):
@@ -162,6 +192,7 @@ def test_longbench_from_local_files(tiny_run, tmp_path):
     (['--tasks', 'longppl'], '--longppl-data'),
     (['--tasks', 'ppl:x'], 'takes no sub-tasks'),
     (['--tasks', 'ppl', '--step', '5'], 'no checkpoint at step 5'),
+    (['--tasks', 'ppl', '--ppl-documents', '1000'], 'have >= 64 tokens; loss by position needs 1000'),
     (['--tasks', 'lm_eval'], 'lm_eval:task+task'),
 ])
 def test_clear_errors(tiny_run, tmp_path, capsys, argv, message):
@@ -177,7 +208,9 @@ def test_longppl_documents_without_spans_need_an_evaluator(tiny_run, tmp_path, c
   assert '--longppl-evaluator' in capsys.readouterr().err
 
 
-def test_bad_flag_values_exit_with_usage(tiny_run):
+@pytest.mark.parametrize('argv, message', [(['--context-lengths', '4k'], "'4k' is not a comma-separated list"),
+                                           (['--ppl-documents', '1'], 'a standard error needs two documents')])
+def test_bad_flag_values_exit_with_usage(tiny_run, capsys, argv, message):
   with pytest.raises(SystemExit) as e:
-    cli.main(['--workdir', str(tiny_run), '--context-lengths', '4k'])
-  assert e.value.code == 2
+    cli.main(['--workdir', str(tiny_run)] + argv)
+  assert e.value.code == 2 and message in capsys.readouterr().err

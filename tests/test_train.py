@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.eval.perplexity import evaluate, loss_by_position
+from hybrid_jax.eval.perplexity import evaluate_packed, loss_by_position
 from hybrid_jax.train import optim, state as state_lib, step as step_lib
 from tests.conftest import small_config
 
@@ -154,11 +154,11 @@ def test_evaluate_matches_a_direct_mean():
   cfg = small_config()
   model_def, params = state_lib.init_model(cfg.model, 0)
   batches = [_batch(cfg, seed) for seed in range(2)]
-  result = evaluate(step_lib.make_eval_step(model_def), params, batches, buckets=4)
+  result = evaluate_packed(step_lib.make_eval_step(model_def), params, batches)
   direct = np.mean([np.asarray(step_lib.token_nll(model_def.bind(params)(b['inputs']), b['targets'])[0])
                     for b in batches])
-  assert result['loss'] == pytest.approx(direct, rel=1e-5)
-  assert result['tokens'] == 2 * cfg.train.batch_size * cfg.data.seq_len
-  assert len(result['loss_by_position']) == 4
+  assert result['packed_loss'] == pytest.approx(direct, rel=1e-5)
+  assert result['packed_perplexity'] == pytest.approx(np.exp(direct), rel=1e-5)
+  assert result['packed_tokens'] == 2 * cfg.train.batch_size * cfg.data.seq_len
   with pytest.raises(ValueError, match='at least one batch'):
-    evaluate(None, params, [], buckets=4)
+    evaluate_packed(None, params, [])

@@ -6,6 +6,7 @@ index-based (source slice, global shuffle, per-epoch reseed, deterministic mixin
 packing), which is what makes that possible.
 """
 
+import dataclasses
 import itertools
 import logging
 
@@ -182,3 +183,40 @@ def make_eval_batches(config, num_batches: int) -> list[dict]:
     repeated = tokens.repeat().to_iter_dataset(_READ_OPTIONS)
     batches = list(itertools.islice(_pack_and_batch(repeated, seq_len, batch_size), 1))
   return batches
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutDocuments:
+  """The first `min_tokens` tokens of held-out documents, each row preceded by EOS (as a document follows another
+  in training), so row[:L] / row[1:L + 1] are the inputs / targets of the document's first L tokens."""
+  source: str  # repr of the held-out source.
+  ids: list[int]  # Index of each document in that source.
+  tokens: np.ndarray  # int32 [len(ids), min_tokens + 1].
+
+  @property
+  def min_tokens(self) -> int:
+    return self.tokens.shape[1] - 1
+
+
+def held_out_documents(config, min_tokens: int, count: int) -> HeldOutDocuments:
+  """The first `count` held-out documents of at least `min_tokens` tokens, in a fixed order seeded by config.seed.
+
+  Shorter documents are skipped, never packed together, so position p of a row is the p-th token of one document.
+  Raises DataError naming the source and how many documents qualify when fewer than `count` do.
+  """
+  if min_tokens <= 0 or count <= 0:
+    raise ValueError(f'min_tokens={min_tokens} and count={count} must be positive')
+  tokenizer = _checked_tokenizer(config)
+  source = sources_lib.make_source(config.data, 'eval')
+  ids, rows = [], []
+  for index in np.random.default_rng(int(config.seed)).permutation(len(source)):
+    tokens = tokenizer.encode(source[int(index)])
+    if len(tokens) >= min_tokens:
+      ids.append(int(index))
+      rows.append(np.concatenate([[tokenizer.eos_id], tokens[:min_tokens]]).astype(np.int32))
+      if len(ids) == count:
+        return HeldOutDocuments(repr(source), ids, np.stack(rows))
+  raise sources_lib.DataError(
+      f'only {len(ids)} of the {len(source)} held-out documents of {source!r} have >= {min_tokens} tokens; loss by '
+      f'position needs {count}: lower the document count (eval.documents, eval --ppl-documents; eval.documents=0 '
+      'leaves it out of the training report) or the longest context, or hold out more long text')

@@ -40,6 +40,13 @@ def _positive(text: str) -> int:
   return value
 
 
+def _at_least_two(text: str) -> int:
+  value = _positive(text)
+  if value < 2:
+    raise argparse.ArgumentTypeError(f'{value}: give at least 2 (a standard error needs two documents)')
+  return value
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog='python -m hybrid_jax eval', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument('--depths', type=_fractions, default=[0.0, 0.25, 0.5, 0.75, 1.0], help='NIAH needle depths')
   p.add_argument('--seed', type=int, default=42)
   p.add_argument('--batch-size', type=_positive, default=4, help='sequences per forward / generation batch')
-  p.add_argument('--ppl-batches', type=_positive, default=4, help='held-out batches for ppl')
+  p.add_argument('--ppl-batches', type=_positive, default=4, help='packed held-out batches for ppl\'s packed_loss')
+  p.add_argument('--ppl-documents', type=_at_least_two, default=None,
+                 help="held-out documents (each >= the longest context) for ppl's loss by position "
+                      "(default: the run's eval.documents)")
   p.add_argument('--squad', default=None, help='SQuAD-format JSON for RULER qa_1')
   p.add_argument('--hotpotqa', default=None, help='HotpotQA-format JSON for RULER qa_2')
   p.add_argument('--longbench-dir', default=None, help='directory of LongBench v1 <task>.jsonl files')
@@ -91,7 +101,8 @@ def main(argv) -> int:
                             f'{args.longppl_trunc_len}')
     settings = suite.Settings(
         context_lengths=lengths, samples=args.samples, depths=tuple(args.depths), seed=args.seed,
-        batch_size=args.batch_size, ppl_batches=args.ppl_batches, squad=args.squad, hotpotqa=args.hotpotqa,
+        batch_size=args.batch_size, ppl_batches=args.ppl_batches, ppl_documents=args.ppl_documents,
+        squad=args.squad, hotpotqa=args.hotpotqa,
         longbench_dir=args.longbench_dir, longppl_data=args.longppl_data, longppl_evaluator=args.longppl_evaluator,
         longppl_trunc_len=args.longppl_trunc_len, longppl_stride=args.longppl_stride,
         longppl_alpha=args.longppl_alpha, longppl_beta=args.longppl_beta,

@@ -15,8 +15,8 @@ import numpy as np
 import tqdm
 
 from hybrid_jax import runs as runs_lib
-from hybrid_jax.data import jsonl, pipeline
-from hybrid_jax.eval import longbench, longppl, niah, perplexity, ruler
+from hybrid_jax.data import jsonl, pipeline, sources
+from hybrid_jax.eval import longbench, longppl, niah, perplexity, position, ruler
 from hybrid_jax.eval.scoring import ModelScorer
 from hybrid_jax.train import step as step_lib
 
@@ -33,7 +33,8 @@ class Settings:
   depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
   seed: int = 42
   batch_size: int = 4
-  ppl_batches: int = 4
+  ppl_batches: int = 4  # Packed held-out batches per context length.
+  ppl_documents: int | None = None  # Held-out documents for loss by position; None = the run's eval.documents.
   squad: str | None = None
   hotpotqa: str | None = None
   longbench_dir: str | None = None
@@ -65,34 +66,44 @@ Row = tuple[str, str, str, float]  # (task, context, metric, value) of the summa
 # ------------------------------------------------------------------------------------------------------- ppl
 
 def run_ppl(ctx: Context, subtasks) -> tuple[dict, list[Row]]:
-  """Held-out loss and perplexity of the run's own eval split, with loss per position bucket."""
+  """Loss by position inside held-out documents (the same documents at every context length), and the held-out
+  loss over packed rows (what training optimises) beside it, labelled packed."""
   _no_subtasks('ppl', subtasks)
+  s = ctx.settings
   config = ctx.run.config.copy_and_resolve_references()
-  eval_step = step_lib.make_eval_step(ctx.run.model_def, loss_chunk=ctx.run.config.train.loss_chunk)
-  config.train.batch_size = ctx.settings.batch_size
+  eval_step = step_lib.make_eval_step(ctx.run.model_def, loss_chunk=config.train.loss_chunk)
+  config.train.batch_size = s.batch_size
+  count = s.ppl_documents or int(config.eval.documents)
+  if not count:
+    raise EvalError('ppl measures loss by position on held-out documents: the run has eval.documents=0, so pass '
+                    '--ppl-documents N (N >= 2)')
+  try:
+    documents = pipeline.held_out_documents(config, max(s.context_lengths), count)
+  except sources.DataError as e:
+    raise EvalError(f'ppl: {e}') from e
+  by_document = position.evaluate(eval_step, ctx.run.params, documents, s.context_lengths,
+                                  batch_size=s.batch_size).summary(int(config.eval.position_buckets))
   result, rows = {}, []
-  for length in ctx.settings.context_lengths:
+  for length in s.context_lengths:
     config.data.seq_len = int(length)
-    batches = pipeline.make_eval_batches(config, ctx.settings.ppl_batches)
-    r = perplexity.evaluate(eval_step, ctx.run.params, batches, buckets=config.eval.position_buckets)
-    result[str(length)] = r
-    rows += [('ppl', str(length), 'loss', r['loss']), ('ppl', str(length), 'perplexity', r['perplexity'])]
-  _plot_loss_by_position(result, ctx.out_dir / 'ppl_by_position.png', title=ctx.run.config.name)
-  return {'by_context': result}, rows
+    packed = perplexity.evaluate_packed(eval_step, ctx.run.params, pipeline.make_eval_batches(config, s.ppl_batches))
+    result[str(length)] = r = {**by_document[str(length)], **packed}
+    rows += [('ppl', str(length), 'loss', r['loss']), ('ppl', str(length), 'perplexity', r['perplexity']),
+             ('ppl', str(length), 'packed_loss', r['packed_loss'])]
+  _plot_loss_by_position(by_document, ctx.out_dir / 'ppl_by_position.png', title=ctx.run.config.name)
+  return {'documents': {'source': documents.source, 'count': len(documents.ids), 'min_tokens': documents.min_tokens,
+                        'ids': documents.ids},
+          'by_context': result}, rows
 
 
-def _plot_loss_by_position(result: dict, path, *, title: str):
+def _plot_loss_by_position(by_document: dict, path, *, title: str):
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  fig = Figure(figsize=(6, 4))
+  fig = Figure(figsize=(6.5, 4.2))
   ax = fig.subplots()
-  for length, r in result.items():
-    buckets = r['loss_by_position']
-    ax.plot([(b['start'] + b['end']) / 2 for b in buckets], [b['loss'] for b in buckets], marker='o',
-            label=f'context {length}')
-  ax.set_xlabel('position')
-  ax.set_ylabel('held-out loss (nats/token)')
-  ax.set_title(f'{title}: loss by position')
-  ax.legend()
+  position.plot(ax, {f'context {n}': r for n, r in by_document.items()})
+  longest = max(by_document, key=int)
+  ax.set_title(f"{title}: loss by position in {by_document[longest]['documents']} held-out documents "
+               f'of >= {longest} tokens', fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 

@@ -2,10 +2,11 @@
 
 A row carries the run's arch, scale, N (non-embedding parameters), D (tokens trained) and the study's
 `token_multiplier` (D/N as '200.110938n', the released data's format, so `python -m hybrid_jax fit` reads it),
-then every final metric found: held-out loss (report.json), and from `eval/<task>.json` perplexity, LongPPL,
-RULER (average and NIAH sub-average), NIAH grid average and LongBench, one column per context length. A metric a
-run lacks is an empty cell. `config_changed` flags a run whose training settings a resume changed ('train.lr@13':
-from step 13 on; empty when the run trained as configured throughout).
+then every final metric found: held-out loss over packed rows (report.json's packed_loss, column `loss`), and
+from `eval/<task>.json` the ppl task's loss over whole held-out documents (`ppl_loss_<L>`) and over packed rows
+(`ppl_packed_loss_<L>`), LongPPL, RULER (average and NIAH sub-average), NIAH grid average and LongBench, one column
+per context length. A metric a run lacks is an empty cell. `config_changed` flags a run whose training settings a
+resume changed ('train.lr@13': from step 13 on; empty when the run trained as configured throughout).
 """
 
 import argparse
@@ -23,7 +24,7 @@ FIXED_COLUMNS = ('run', 'arch', 'scale', 'model_size', 'n', 'tokens', 'token_mul
 
 # task -> (per-context result key -> column prefix)
 _EVAL_COLUMNS = {
-    'ppl': {'loss': 'ppl_loss'},
+    'ppl': {'loss': 'ppl_loss', 'packed_loss': 'ppl_packed_loss'},
     'longppl': {'longppl': 'longppl', 'ppl': 'longppl_ppl'},
     'ruler': {'average': 'ruler', 'niah_average': 'ruler_niah'},
     'longbench': {'plain_mean': 'longbench'},
@@ -35,6 +36,12 @@ def _read_json(path: pathlib.Path):
     return json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise runs_lib.RunError(f'{path} is not valid JSON: {e}') from e
+
+
+def _packed_loss(final_eval: dict):
+  """The held-out loss over packed rows; reports written before loss by position moved to whole documents call it
+  'loss'."""
+  return final_eval.get('packed_loss', final_eval.get('loss', ''))
 
 
 def collect_run(workdir) -> dict:
@@ -51,7 +58,7 @@ def collect_run(workdir) -> dict:
   row = {'run': workdir.name, 'arch': config.model.arch, 'scale': config.model.scale, 'n': n,
          'model_size': config.model.scale.upper(), 'tokens': tokens, 'token_multiplier': f'{tokens / n:.9g}n',
          'steps': report['steps'], 'status': report.get('status', ''),
-         'loss': (report.get('eval') or {}).get('loss', ''),
+         'loss': _packed_loss(report.get('eval') or {}),
          'config_changed': config_history.training_changes(config_history.read_sessions(workdir))}
   eval_dir = workdir / 'eval'
   for task, keys in _EVAL_COLUMNS.items():

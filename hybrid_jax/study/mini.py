@@ -21,7 +21,7 @@ import numpy as np
 
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
-from hybrid_jax.eval import suite
+from hybrid_jax.eval import position, suite
 from hybrid_jax.train import loop, metrics as metrics_lib
 
 # Study label -> (arch in configs/hybrid.py, which window it uses: 'small' | 'large' | None).
@@ -92,7 +92,7 @@ def _final_probe(run, samples: int) -> dict:
 def _curves(workdir) -> dict:
   records = metrics_lib.read_jsonl(pathlib.Path(workdir) / 'metrics.jsonl')
   pick = lambda kind, key: [(r['step'], r[key]) for r in records if r['kind'] == kind and key in r]
-  return {'train_loss': pick('train', 'loss'), 'eval_loss': pick('eval', 'loss'),
+  return {'train_loss': pick('train', 'loss'), 'eval_packed_loss': pick('eval', 'packed_loss'),
           'probe_niah_accuracy': pick('probe', 'niah_accuracy'),
           'probe_retrieval_top_score': pick('probe', 'retrieval_top_score'),
           'probe_seconds': pick('probe', 'seconds'), 'step_time_s': pick('train', 'step_time_s')}
@@ -119,6 +119,7 @@ def run_study(preset_name: str, out_dir, *, seed: int = 0, progress: bool = True
         'arch': config.model.arch, 'window': config.model.window if ARCHES[label][1] else None,
         'workdir': str(workdir), 'steps': train_report['steps'], 'status': train_report['status'],
         'wall_time_s': train_report.get('wall_time_s'), 'held_out_loss': ppl['loss'],
+        'packed_held_out_loss': ppl['packed_loss'], 'documents': ppl['documents'],
         'loss_by_position': ppl['loss_by_position'], 'final_probe': _final_probe(run, preset.final_probe_samples),
         'curves': _curves(workdir)}
   report = {'preset': preset_name, 'settings': dataclasses.asdict(preset), 'seed': seed,
@@ -143,12 +144,17 @@ def findings(report: dict) -> list[str]:
            f"and SWA-2048 a {p['large_window']}-token window (the study's small and large windows, scaled to this "
            'context).']
   order = sorted(runs, key=lambda k: runs[k]['held_out_loss'])
-  lines.append('Held-out loss (nats/byte), best first: ' +
-               ', '.join(f"{k} {runs[k]['held_out_loss']:.4f}" for k in order) + '.')
+  documents = next(iter(runs.values()))['documents']
+  lines.append(f"Held-out loss (nats/byte) over the first {p['seq_len']} bytes of {documents} held-out documents, "
+               'best first: ' + ', '.join(f"{k} {runs[k]['held_out_loss']:.4f}" for k in order) +
+               '; over packed held-out rows: ' +
+               ', '.join(f"{k} {runs[k]['packed_held_out_loss']:.4f}" for k in order) + '.')
   for k, r in runs.items():
-    buckets = r['loss_by_position']
-    lines.append(f"{k}: loss {buckets[0]['loss']:.3f} in the first position bucket, {buckets[-1]['loss']:.3f} in "
-                 f"the last ({'falls' if buckets[-1]['loss'] < buckets[0]['loss'] else 'does not fall'} with position).")
+    first, last = r['loss_by_position'][0], r['loss_by_position'][-1]
+    lines.append(f"{k}: loss {first['loss']:.3f} ± {first['stderr']:.3f} in the first position bucket, "
+                 f"{last['loss']:.3f} ± {last['stderr']:.3f} in the last "
+                 f"({'falls' if last['loss'] < first['loss'] else 'does not fall'} with position; ± one standard "
+                 'error across documents).')
   acc = {k: r['final_probe'].get('niah_accuracy') for k, r in runs.items()}
   lines.append('Final needle accuracy (teacher-forced, depths 0.1/0.5/0.9): ' +
                ', '.join(f'{k} {v:.2f}' for k, v in acc.items() if v is not None) + '.')
@@ -169,19 +175,19 @@ def plot_report(report: dict, path) -> None:
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   fig = Figure(figsize=(11, 8))
   axes = fig.subplots(2, 2).ravel()
-  panels = [('train_loss', 'train loss', 'step'), (None, 'held-out loss by position', 'position'),
-            ('probe_niah_accuracy', 'needle accuracy (probe)', 'step'),
-            ('probe_retrieval_top_score', 'top retrieval-head score (full layers)', 'step')]
-  for ax, (key, title, xlabel) in zip(axes, panels):
+  panels = [('train_loss', 'train loss'), (None, 'held-out loss by position in whole documents'),
+            ('probe_niah_accuracy', 'needle accuracy (probe)'),
+            ('probe_retrieval_top_score', 'top retrieval-head score (full layers)')]
+  for ax, (key, title) in zip(axes, panels):
+    ax.set_title(title)
+    if key is None:
+      position.plot(ax, report['runs'])
+      continue
     for label, r in report['runs'].items():
-      if key is None:
-        b = r['loss_by_position']
-        ax.plot([(x['start'] + x['end']) / 2 for x in b], [x['loss'] for x in b], marker='o', label=label)
-      elif r['curves'][key]:
+      if r['curves'][key]:
         steps, values = zip(*r['curves'][key])
         ax.plot(steps, values, marker='.' if key.startswith('probe') else None, label=label)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel('step')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.suptitle(f"mini-study, preset {report['preset']}")

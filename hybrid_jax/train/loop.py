@@ -21,9 +21,10 @@ import tqdm
 
 from hybrid_jax.analysis import callbacks
 from hybrid_jax.config import ConfigError, validate
-from hybrid_jax.data.pipeline import make_eval_batches, make_train_dataset
+from hybrid_jax.data.pipeline import held_out_documents, make_eval_batches, make_train_dataset
 from hybrid_jax.data.tokenizers import get_tokenizer
-from hybrid_jax.eval.perplexity import evaluate
+from hybrid_jax.eval import position
+from hybrid_jax.eval.perplexity import evaluate_packed
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
@@ -161,13 +162,25 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
     return [distributed.replicated_batch(b, shardings.batch) for b in make_eval_batches(config, n)]
 
   eval_batches = global_eval_batches(t.eval_batches)
+  # Too few long held-out documents fails here, before training; eval.documents = 0 leaves loss by position out.
+  documents = held_out_documents(config, config.data.seq_len, config.eval.documents) if config.eval.documents else None
   schedule = optim.make_schedule(t)
   writer = metrics.MetricsWriter(workdir) if lead else _NullWriter()
 
   def run_eval(step, batches):
-    result = evaluate(eval_step, state['params'], batches, buckets=config.eval.position_buckets)
-    writer.write(step, {'loss': result['loss'], 'perplexity': result['perplexity']}, prefix='eval')
+    result = evaluate_packed(eval_step, state['params'], batches)
+    writer.write(step, {k: result[k] for k in ('packed_loss', 'packed_perplexity')}, prefix='eval')
     return result
+
+  def final_eval(step):
+    """Loss by position inside held-out documents, with the packed held-out loss beside it."""
+    if documents is None:
+      return run_eval(step, global_eval_batches(config.eval.batches))
+    by_document = position.evaluate(eval_step, state['params'], documents, [config.data.seq_len],
+                                    batch_size=t.batch_size,
+                                    place=lambda b: distributed.replicated_batch(b, shardings.batch))
+    return {**by_document.summary(config.eval.position_buckets)[str(config.data.seq_len)],
+            **run_eval(step, global_eval_batches(config.eval.batches))}
 
   step_times, status, last_saved = [], 'completed', start
   bar = tqdm.tqdm(total=t.steps, initial=start, disable=not (t.progress and lead), desc=config.name, unit='step',
@@ -227,7 +240,7 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
         raise
       logging.warning('closing the checkpointer after an error failed as well', exc_info=True)
 
-  final = run_eval(step, global_eval_batches(config.eval.batches)) if status == 'completed' else None
+  final = final_eval(step) if status == 'completed' else None
   writer.close()
   counts = param_counts(config.model)
   steady = step_times[1:] or step_times
@@ -256,7 +269,8 @@ def summary_line(result: dict) -> str:
   ev = result.get('eval') or {}
   parts = [f"{result['name']}: {result['status']} at step {result['steps']}"]
   if ev:
-    parts.append(f"held-out loss {ev['loss']:.4f} (ppl {ev['perplexity']:.2f})")
+    parts.append(f"held-out loss {ev['packed_loss']:.4f} over packed rows" +
+                 (f", {ev['loss']:.4f} over {ev['documents']} whole documents" if 'documents' in ev else ''))
   if result.get('tokens_per_s'):
     parts.append(f"{result['tokens_per_s']:,.0f} tokens/s")
   return ', '.join(parts)

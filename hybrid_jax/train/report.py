@@ -22,11 +22,11 @@ def resume_marks(sessions) -> list[tuple[int, str]]:
 def loss_figure(records: list[dict], sessions=()):
   """Train loss per logged step, held-out evaluations as points, and a dotted line where the run resumed."""
   train = [r for r in records if r['kind'] == 'train' and 'loss' in r]
-  evals = [r for r in records if r['kind'] == 'eval' and 'loss' in r]
+  evals = [r for r in records if r['kind'] == 'eval' and 'packed_loss' in r]
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss', lw=1)
   if evals:
-    ax.plot([r['step'] for r in evals], [r['loss'] for r in evals], 'o-', label='held-out loss')
+    ax.plot([r['step'] for r in evals], [r['packed_loss'] for r in evals], 'o-', label='held-out loss (packed rows)')
   for step, label in resume_marks(sessions):
     ax.axvline(step, color='gray', ls=':', lw=1)
     ax.annotate(label, (step, 1), xycoords=('data', 'axes fraction'), rotation=90, va='top', ha='right',

@@ -108,7 +108,7 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
 
 
 def make_eval_step(model_def, shardings=None, loss_chunk: int = 0):
-  """Jitted (params, batch) -> per-position summed NLL [T] and token count per position [T].
+  """Jitted (params, batch) -> per-token NLL [B, T] in float32 (per sequence, for standard errors across documents).
 
   `loss_chunk` as in `sequence_nll` (long contexts: the logits of a whole batch need not fit).
   """
@@ -116,7 +116,7 @@ def make_eval_step(model_def, shardings=None, loss_chunk: int = 0):
   def eval_step(params, batch):
     with _tracing_for(shardings):
       nll, _ = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk)
-    return jnp.sum(nll, axis=0), jnp.full((nll.shape[1],), nll.shape[0], jnp.float32)
+    return nll
 
   if shardings is None:
     return jax.jit(eval_step)
