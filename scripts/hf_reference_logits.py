@@ -4,13 +4,13 @@ Needs Python 3.11 with torch and transformers >= 5.15 (GraniteSWA); the test sui
 
   python3.11 -m venv /tmp/hfref311
   /tmp/hfref311/bin/pip install torch==2.13.0 && /tmp/hfref311/bin/pip install "transformers>=5.15" safetensors
-  /tmp/hfref311/bin/python scripts/hf_reference_logits.py tests/data/hf [--build]
+  /tmp/hfref311/bin/python scripts/hf_reference_logits.py tests/data/hf [--build] [--length=N]
 
 `--build` first writes the transformers-side fixtures (tiny random models saved by `save_pretrained`: a tied Llama
 with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3).
 Then, for every directory given (or every checkpoint directory under it), it loads the checkpoint with
-AutoModelForCausalLM in float32 and writes `reference.safetensors`: `tokens` [2, 16] (int32) and `logits`
-[2, 16, vocab] from the eager attention path, plus `greedy` [2, 8]: 8 greedily generated tokens per row. It
+AutoModelForCausalLM in float32 and writes `reference.safetensors`: `tokens` [2, N] (int32; N = --length, default
+16), `logits` [2, N, vocab] from the eager attention path, and `greedy` [2, 8]: 8 greedily generated tokens per row. It
 prints how far the sdpa path's logits are from the eager ones (where the class has an sdpa path).
 """
 
@@ -60,14 +60,14 @@ def build(root: pathlib.Path):
     print(f'built {name}: {type(model).__name__}')
 
 
-def tokens_for(vocab: int) -> np.ndarray:
+def tokens_for(vocab: int, length: int) -> np.ndarray:
   """Fixed token ids: two rows of a simple permutation pattern covering the vocabulary."""
-  return ((np.arange(BATCH * LENGTH).reshape(BATCH, LENGTH) * 37 + 11) % vocab).astype(np.int32)
+  return ((np.arange(BATCH * length).reshape(BATCH, length) * 37 + 11) % vocab).astype(np.int32)
 
 
-def reference(path: pathlib.Path) -> dict:
+def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
   config = json.loads((path / 'config.json').read_text())
-  tokens = tokens_for(config['vocab_size'])
+  tokens = tokens_for(config['vocab_size'], length)
   ids = torch.from_numpy(tokens.astype(np.int64))
   logits = {}
   for impl in ('sdpa', 'eager'):
@@ -83,7 +83,7 @@ def reference(path: pathlib.Path) -> dict:
     # An explicit all-ones mask: otherwise generate treats prompt tokens equal to pad_token_id as padding.
     generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
                                pad_token_id=0)
-  greedy = generated[:, LENGTH:].numpy().astype(np.int32)
+  greedy = generated[:, length:].numpy().astype(np.int32)
   safetensors.numpy.save_file({'tokens': tokens, 'logits': logits['eager'], 'greedy': greedy},
                               str(path / 'reference.safetensors'),
                               metadata={'transformers': transformers.__version__, 'torch': torch.__version__,
@@ -95,13 +95,14 @@ def reference(path: pathlib.Path) -> dict:
 
 def main(argv):
   roots = [pathlib.Path(a) for a in argv if not a.startswith('--')]
+  length = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--length=')), LENGTH)
   if '--build' in argv:
     build(roots[0])
   for root in roots:
     dirs = [root] if (root / 'config.json').is_file() else sorted(p for p in root.iterdir()
                                                                   if (p / 'config.json').is_file())
     for path in dirs:
-      print(path.name, json.dumps(reference(path)))
+      print(path.name, json.dumps(reference(path, length)))
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.hf import HFError, config_map, weights
 
 WEIGHTS_FILE = 'model.safetensors'
@@ -98,7 +99,6 @@ class TensorReader:
 def read_hf(path, model_overrides: dict | None = None):
   """(hybrid_jax model config, params as numpy, import plan) of a transformers checkpoint directory."""
   from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
-  from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate  # pylint: disable=g-import-not-at-top
   plan = config_map.plan_import(read_hf_config(path))
   config = load_config_file(str(BASE_CONFIG))
   config.model.update({**plan.model_fields, 'dtype': 'float32', 'param_dtype': 'float32',
