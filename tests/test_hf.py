@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from hybrid_jax import runs
+from hybrid_jax import cli as hybrid_jax_cli, runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
 from hybrid_jax.hf import HFError, cli, config_map, io
@@ -80,6 +80,11 @@ def test_imported_layer_patterns():
   smol = fields('hf_smollm3_untied')
   assert (smol['cycle'], smol['window'], smol['rope_full'], smol['rope_base']) == (
       ('swa', 'swa', 'full'), 6, False, 1000.0)
+  # A SmolLM3 config without layer_types: transformers makes the NoPE layers the sliding ones.
+  derived = {**io.read_hf_config(DATA / 'hf_smollm3_untied'), 'no_rope_layers': [1, 1, 0, 1], 'num_hidden_layers': 4}
+  del derived['layer_types']
+  derived = config_map.plan_import(derived).model_fields
+  assert (derived['cycle'], derived['rope_full'], derived['rope_swa']) == (('full', 'full', 'swa'), True, False)
   assert fields('hf_llama_tied')['cycle'] == ('full',)
   assert fields('jax_mistral_swa')['cycle'] == ('swa',)
 
@@ -119,7 +124,9 @@ def test_round_trip_of_a_scanned_model(tmp_path):
 def test_cli_import_run_then_export(tmp_path, capsys):
   """`hf import` writes a run that runs.load_run reads; `hf export` of it writes the tied head out untied."""
   source = DATA / 'hf_llama_tied'
-  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 0
+  with pytest.raises(SystemExit) as exit_info:  # Through `python -m hybrid_jax hf ...`'s dispatch.
+    hybrid_jax_cli.main(['hybrid_jax', 'hf', 'import', str(source), '--workdir', str(tmp_path / 'run')])
+  assert exit_info.value.code == 0
   assert json.loads(capsys.readouterr().out)['tied_embeddings'] is True
   run = runs.load_run(tmp_path / 'run')
   ref = load_file(str(source / 'reference.safetensors'))
@@ -128,6 +135,7 @@ def test_cli_import_run_then_export(tmp_path, capsys):
   assert cli.main(['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'out')]) == 0
   summary = json.loads(capsys.readouterr().out)
   assert summary['architectures'] == ['LlamaForCausalLM'] and summary['step'] == 0
+  assert json.loads((tmp_path / 'out' / 'config.json').read_text())['eos_token_id'] == 256  # The byte tokenizer's.
   out, original = load_file(str(tmp_path / 'out' / io.WEIGHTS_FILE)), load_file(str(source / io.WEIGHTS_FILE))
   assert set(out) == set(original) | {'lm_head.weight'}
   for key in original:

@@ -82,8 +82,11 @@ def _check_expressible(arch: str, plan: list[Layer]):
                   'smollm3 or granite_swa')
 
 
-def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int) -> dict:
-  """The transformers config.json (a dict) of a hybrid_jax model; `arch` 'auto' picks with `auto_arch`."""
+def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: int | None = None) -> dict:
+  """The transformers config.json (a dict) of a hybrid_jax model; `arch` 'auto' picks with `auto_arch`.
+
+  `eos_id`: the run tokenizer's end-of-document id (generation stops there); None when unknown.
+  """
   plan = layer_plan(model_cfg)
   arch = auto_arch(plan) if arch == 'auto' else arch
   _check_expressible(arch, plan)
@@ -96,7 +99,7 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int) -> dict:
       head_dim=model_cfg.head_dim, hidden_act='silu', rms_norm_eps=model_cfg.norm_eps,
       max_position_embeddings=max_positions, tie_word_embeddings=False, attention_bias=False,
       rope_parameters={'rope_type': 'default', 'rope_theta': float(model_cfg.rope_base)},
-      bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype='float32')
+      bos_token_id=None, eos_token_id=eos_id, pad_token_id=None, dtype='float32')
   layer_types = [_FULL if layer.window is None else _SLIDING for layer in plan]
   if arch == 'llama':
     hf.update(mlp_bias=False)
@@ -145,9 +148,12 @@ def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Lay
   if types is not None and set(types) - {_FULL, _SLIDING}:
     _refuse('layer_types', types, f'entries must be {_FULL!r} or {_SLIDING!r}')
   if model_type == 'smollm3':
-    types = types or [_FULL] * n  # (transformers derives them from no_rope_layers; a saved config holds them.)
     use_window = bool(hf.get('use_sliding_window')) and hf.get('sliding_window') is not None
     rope = hf.get('no_rope_layers') or [int((i + 1) % hf.get('no_rope_layer_interval', 4) != 0) for i in range(n)]
+    if len(rope) != n:
+      _refuse('no_rope_layers', rope, f'one entry per layer ({n})')
+    # Without layer_types, transformers makes the NoPE layers the sliding ones (when windows are on).
+    types = types or [_SLIDING if use_window and not r else _FULL for r in rope]
     windows = [hf['sliding_window'] if use_window and t == _SLIDING else None for t in types]
     return [Layer(w, bool(r)) for w, r in zip(windows, rope)], theta
   # granite_swa: per-layer theta, 0 = NoPE.

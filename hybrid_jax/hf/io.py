@@ -34,9 +34,10 @@ def _np_dtype(name: str):
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, dtype: str = 'float32') -> dict:
+def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, dtype: str = 'float32',
+             eos_id: int | None = None) -> dict:
   """Writes `out/config.json` and `out/model.safetensors` for hybrid_jax params; returns the config written."""
-  hf_config = config_map.to_hf_config(model_cfg, arch, max_positions=max_positions)
+  hf_config = config_map.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
   hf_config['dtype'] = dtype
   tensors = weights.to_hf_tensors(params, model_cfg, sinks=hf_config['model_type'] == 'granite_swa',
                                   dtype=_np_dtype(dtype))
@@ -53,8 +54,9 @@ def export_run(workdir, out, *, step: int | None = None, arch: str = 'auto', dty
   config = runs.load_config(workdir)
   config_map.layer_plan(config.model)  # Refuse unexportable mixers before restoring any parameter.
   run = runs.load_run(workdir, step, config=config)
-  hf_config = write_hf(out, config.model, run.params, arch=arch, max_positions=config.data.seq_len, dtype=dtype)
   tokenizer = config.data.tokenizer
+  hf_config = write_hf(out, config.model, run.params, arch=arch, max_positions=config.data.seq_len, dtype=dtype,
+                       eos_id=run.tokenizer.eos_id)
   if tokenizer != 'byte':
     shutil.copyfile(tokenizer, pathlib.Path(out) / SENTENCEPIECE_FILE)
   return {'out': str(out), 'step': run.step, 'model_type': hf_config['model_type'],
