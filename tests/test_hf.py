@@ -232,3 +232,22 @@ def test_sharded_and_bfloat16_checkpoints_read(tmp_path):
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(direct)):
     assert a.dtype == np.float32
     np.testing.assert_array_equal(a, np.asarray(b).astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_sentencepiece_tokenizer_travels_both_ways(tmp_path, capsys):
+  """A checkpoint's tokenizer.model becomes the imported run's tokenizer, and export copies it back with its EOS."""
+  import sentencepiece as spm
+  (tmp_path / 'text.txt').write_text('\n'.join(f'abc cab bca {i}' for i in range(50)))
+  spm.SentencePieceTrainer.train(input=str(tmp_path / 'text.txt'), model_prefix=str(tmp_path / 'sp'), vocab_size=30,
+                                 model_type='char', minloglevel=2)
+  source = tmp_path / 'source'
+  shutil.copytree(DATA / 'jax_llama_gqa', source)
+  shutil.copy(tmp_path / 'sp.model', source / io.SENTENCEPIECE_FILE)
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 0
+  run = runs.load_run(tmp_path / 'run')
+  assert run.config.data.tokenizer == str((tmp_path / 'run' / io.SENTENCEPIECE_FILE).absolute())
+  assert run.tokenizer.decode(run.tokenizer.encode('abc cab')) == 'abc cab'
+  assert cli.main(['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'out')]) == 0
+  assert (tmp_path / 'out' / io.SENTENCEPIECE_FILE).read_bytes() == (tmp_path / 'sp.model').read_bytes()
+  assert json.loads((tmp_path / 'out' / 'config.json').read_text())['eos_token_id'] == run.tokenizer.eos_id
+  capsys.readouterr()
