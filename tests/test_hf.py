@@ -189,6 +189,17 @@ def test_import_refuses_unrepresentable_configs(name, change, match):
     config_map.plan_import(hf)
 
 
+def test_import_refuses_config_before_reading_weights(tmp_path):
+  source = tmp_path / 'source'
+  shutil.copytree(DATA / 'hf_llama_tied', source)
+  (source / io.WEIGHTS_FILE).write_bytes(b'not safetensors')
+  hf = {**io.read_hf_config(source), 'mlp_bias': True}
+  (source / 'config.json').write_text(json.dumps(hf))
+  with pytest.raises(HFError, match='mlp_bias=True'):
+    io.import_hf(source, tmp_path / 'run')
+  assert not (tmp_path / 'run').exists()
+
+
 def _edited_copy(tmp_path, name, edit):
   target = tmp_path / name
   shutil.copytree(DATA / name, target)
