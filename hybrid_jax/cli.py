@@ -138,6 +138,7 @@ RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data
                 'analyze': 'hybrid_jax.analysis.cli:main',
                 'plan': 'hybrid_jax.study.plan:main', 'collect': 'hybrid_jax.study.collect:main',
                 'study': 'hybrid_jax.study.mini:main'}
+RAW_COMMANDS['hf'] = 'hybrid_jax.hf.cli:main'  # hf export | hf import (transformers checkpoints)
 
 
 def _usage() -> str:

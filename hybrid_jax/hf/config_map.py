@@ -1,0 +1,231 @@
+"""Model config <-> transformers `config.json`, for attention-only hybrids.
+
+Both sides are reduced to one layer plan: per layer, its attention window (None = full) and whether it uses RoPE.
+A hybrid_jax model has one window for all SWA layers, one RoPE setting per layer kind and one RoPE base; a
+transformers config that needs more than that (or any math this project's block lacks) is refused, naming the
+field, before a single weight is read.
+"""
+
+import dataclasses
+
+from hybrid_jax.hf import HFError
+from hybrid_jax.models import pattern
+
+# model_type -> transformers class. All four share Llama's tensor names (GraniteSWA adds per-head sinks).
+HF_CLASSES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'smollm3': 'SmolLM3ForCausalLM',
+              'granite_swa': 'GraniteSWAForCausalLM'}
+EXPORTABLE_KINDS = ('full', 'swa')
+_FULL, _SLIDING = 'full_attention', 'sliding_attention'
+# transformers' defaults for keys a config.json may omit (they change the function, so they are never guessed).
+_DEFAULTS = {
+    'llama': dict(rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0),
+    'mistral': dict(rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0, sliding_window=4096),
+    'smollm3': dict(rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=2000000.0, sliding_window=None),
+    'granite_swa': dict(rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0, sliding_window=128),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+  """One attention layer of the plan: window (None = full causal) and RoPE on or off (off = NoPE)."""
+  window: int | None
+  rope: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportPlan:
+  """What a transformers checkpoint becomes: hybrid_jax model fields, and how to read its weights."""
+  model_type: str
+  model_fields: dict
+  tied: bool  # lm_head is the embedding (tie_word_embeddings): hybrid_jax's untied head gets a copy.
+  sinks: bool  # GraniteSWA: every layer holds `self_attn.sinks`, which must be -inf (hybrid_jax has no sinks).
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def layer_plan(model_cfg) -> list[Layer]:
+  """The plan of a hybrid_jax model; refuses mixers that no transformers class holds."""
+  plan = []
+  for i in range(model_cfg.num_layers):
+    spec = pattern.layer_spec(model_cfg, i)
+    if spec.kind not in EXPORTABLE_KINDS:
+      why = ('SWA and full heads inside one layer' if spec.kind == 'headwise'
+             else 'a recurrent mixer')
+      raise HFError(f'layer {i} is a {spec.kind!r} mixer ({why}), which no transformers class expresses; '
+                    f'exportable layer kinds: {", ".join(EXPORTABLE_KINDS)} (model.cycle={tuple(model_cfg.cycle)})')
+    plan.append(Layer(spec.window, spec.rope))
+  return plan
+
+
+def auto_arch(plan: list[Layer]) -> str:
+  """The plainest class that holds the plan: Llama (full + RoPE), Mistral (SWA + RoPE everywhere), else SmolLM3."""
+  if all(layer.rope for layer in plan):
+    if all(layer.window is None for layer in plan):
+      return 'llama'
+    if all(layer.window is not None for layer in plan):
+      return 'mistral'
+  return 'smollm3'
+
+
+def _check_expressible(arch: str, plan: list[Layer]):
+  if arch not in HF_CLASSES:
+    raise HFError(f'--arch={arch!r} is not a supported transformers architecture; choose auto or one of '
+                  f'{", ".join(HF_CLASSES)}')
+  if arch in ('llama', 'mistral'):
+    nope = [i for i, layer in enumerate(plan) if not layer.rope]
+    if nope:
+      raise HFError(f'--arch={arch} has RoPE on every layer, but layers {nope} are NoPE; use smollm3 or granite_swa')
+  if arch == 'llama' and any(layer.window is not None for layer in plan):
+    raise HFError('--arch=llama has no sliding windows, but the model has SWA layers; use mistral, smollm3 or '
+                  'granite_swa')
+  if arch == 'mistral' and any(layer.window is None for layer in plan) and any(layer.window for layer in plan):
+    raise HFError('--arch=mistral gives every layer the same window, but the model mixes SWA and full layers; use '
+                  'smollm3 or granite_swa')
+
+
+def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: int | None = None) -> dict:
+  """The transformers config.json (a dict) of a hybrid_jax model; `arch` 'auto' picks with `auto_arch`.
+
+  `eos_id`: the run tokenizer's end-of-document id (generation stops there); None when unknown.
+  """
+  plan = layer_plan(model_cfg)
+  arch = auto_arch(plan) if arch == 'auto' else arch
+  _check_expressible(arch, plan)
+  windows = {layer.window for layer in plan if layer.window is not None}
+  window = windows.pop() if windows else None
+  hf = dict(
+      architectures=[HF_CLASSES[arch]], model_type=arch, vocab_size=model_cfg.vocab_size,
+      hidden_size=model_cfg.d_model, intermediate_size=model_cfg.d_ff, num_hidden_layers=model_cfg.num_layers,
+      num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
+      head_dim=model_cfg.head_dim, hidden_act='silu', rms_norm_eps=model_cfg.norm_eps,
+      max_position_embeddings=max_positions, tie_word_embeddings=False, attention_bias=False,
+      rope_parameters={'rope_type': 'default', 'rope_theta': float(model_cfg.rope_base)},
+      bos_token_id=None, eos_token_id=eos_id, pad_token_id=None, dtype='float32')
+  layer_types = [_FULL if layer.window is None else _SLIDING for layer in plan]
+  if arch == 'llama':
+    hf.update(mlp_bias=False)
+  elif arch == 'mistral':
+    hf.update(sliding_window=window)
+  elif arch == 'smollm3':
+    hf.update(mlp_bias=False, use_sliding_window=window is not None, sliding_window=window, layer_types=layer_types,
+              no_rope_layers=[int(layer.rope) for layer in plan])
+  else:  # granite_swa: plain multipliers and -inf sinks make it the same function as Llama's block.
+    hf.update(mlp_bias=False, sliding_window=window, layer_types=layer_types,
+              layer_rope_theta=[float(model_cfg.rope_base) if layer.rope else 0.0 for layer in plan],
+              attention_multiplier=model_cfg.head_dim ** -0.5, embedding_multiplier=1.0, residual_multiplier=1.0,
+              logits_scaling=1.0)
+  return hf
+
+
+# ---------------------------------------------------------------------------------------------------- import
+def _refuse(field: str, value, allowed: str):
+  raise HFError(f'config.json {field}={value!r} cannot be represented by hybrid_jax: {allowed}')
+
+
+def _rope_theta(hf: dict) -> float | None:
+  """The RoPE base of a default (unscaled) rotary embedding; refuses scaled or partial RoPE."""
+  params = hf.get('rope_parameters') or {}
+  if hf.get('rope_scaling'):
+    _refuse('rope_scaling', hf['rope_scaling'], 'only plain RoPE (no scaling) is supported')
+  rope_type = params.get('rope_type', params.get('type', 'default'))
+  if rope_type != 'default':
+    _refuse('rope_parameters.rope_type', rope_type, "only 'default' RoPE is supported")
+  factor = params.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0))
+  if factor != 1.0:
+    _refuse('partial_rotary_factor', factor, 'RoPE must rotate the whole head (1.0)')
+  return params.get('rope_theta', hf.get('rope_theta'))
+
+
+def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Layer], float | None]:
+  """The layer plan a transformers config describes, and its single RoPE base."""
+  n = hf['num_hidden_layers']
+  if model_type == 'llama':
+    return [Layer(None, True)] * n, theta
+  if model_type == 'mistral':
+    return [Layer(hf.get('sliding_window'), True)] * n, theta
+  types = hf.get('layer_types')
+  if types is not None and len(types) != n:
+    _refuse('layer_types', types, f'one entry per layer ({n})')
+  if types is not None and set(types) - {_FULL, _SLIDING}:
+    _refuse('layer_types', types, f'entries must be {_FULL!r} or {_SLIDING!r}')
+  if model_type == 'smollm3':
+    use_window = bool(hf.get('use_sliding_window')) and hf.get('sliding_window') is not None
+    rope = hf.get('no_rope_layers') or [int((i + 1) % hf.get('no_rope_layer_interval', 4) != 0) for i in range(n)]
+    if len(rope) != n:
+      _refuse('no_rope_layers', rope, f'one entry per layer ({n})')
+    # Without layer_types, transformers makes the NoPE layers the sliding ones (when windows are on).
+    types = types or [_SLIDING if use_window and not r else _FULL for r in rope]
+    windows = [hf['sliding_window'] if use_window and t == _SLIDING else None for t in types]
+    return [Layer(w, bool(r)) for w, r in zip(windows, rope)], theta
+  # granite_swa: per-layer theta, 0 = NoPE.
+  types = types or [_FULL if i % 4 == 0 else _SLIDING for i in range(n)]
+  thetas = hf.get('layer_rope_theta') or [theta] * n
+  nonzero = sorted({t for t in thetas if t})
+  if len(nonzero) > 1:
+    _refuse('layer_rope_theta', thetas, 'hybrid_jax has one RoPE base for all RoPE layers (0 = NoPE is fine)')
+  for field, plain in (('embedding_multiplier', 1.0), ('residual_multiplier', 1.0), ('logits_scaling', 1.0)):
+    if float(hf.get(field, 1.0)) != plain:
+      _refuse(field, hf[field], f'only {plain} (the plain pre-norm block) is supported')
+  head_dim = hf.get('head_dim') or hf['hidden_size'] // hf['num_attention_heads']
+  scale = hf.get('attention_multiplier', 1.0)
+  if abs(scale - head_dim ** -0.5) > 1e-7 * head_dim ** -0.5:
+    _refuse('attention_multiplier', scale, f'attention is scaled by head_dim**-0.5 = {head_dim ** -0.5!r}')
+  windows = [hf.get('sliding_window') if t == _SLIDING else None for t in types]
+  return [Layer(w, bool(t)) for w, t in zip(windows, thetas)], (nonzero[0] if nonzero else theta)
+
+
+def _shortest_cycle(kinds: list[str]) -> tuple[str, ...]:
+  """The shortest repeating unit of the per-layer kinds (hybrid_jax's model.cycle)."""
+  n = len(kinds)
+  for period in range(1, n + 1):
+    if all(kinds[i] == kinds[i % period] for i in range(n)):
+      return tuple(kinds[:period])
+  return tuple(kinds)
+
+
+def _rope_flag(plan: list[Layer], is_kind, name: str) -> bool:
+  flags = {layer.rope for layer in plan if is_kind(layer)}
+  if len(flags) > 1:
+    layers = [i for i, layer in enumerate(plan) if is_kind(layer) and not layer.rope]
+    raise HFError(f'the {name} layers mix RoPE and NoPE (NoPE at layers {layers}); hybrid_jax has one RoPE '
+                  f'setting per layer kind (model.rope_full, model.rope_swa)')
+  return flags.pop() if flags else True
+
+
+def plan_import(hf: dict) -> ImportPlan:
+  """Checks a transformers config.json against what hybrid_jax represents; returns the model fields."""
+  model_type = hf.get('model_type')
+  if model_type not in HF_CLASSES:
+    _refuse('model_type', model_type, f'supported model types: {", ".join(HF_CLASSES)}')
+  hf = {**_DEFAULTS[model_type], **hf}
+  for field in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads'):
+    if not isinstance(hf.get(field), int) or hf[field] <= 0:
+      _refuse(field, hf.get(field), 'a positive integer is required')
+  act = hf.get('hidden_act', 'silu')
+  if act != 'silu':
+    _refuse('hidden_act', act, "the MLP is SwiGLU ('silu')")
+  for field in ('attention_bias', 'mlp_bias'):
+    if hf.get(field):
+      _refuse(field, hf[field], 'projections have no biases')
+  theta = _rope_theta(hf)
+  plan, theta = _hf_layers(hf, model_type, theta)
+  windows = sorted({layer.window for layer in plan if layer.window is not None})
+  if len(windows) > 1:
+    _refuse('sliding_window', windows, 'one window for all sliding-window layers')
+  kinds = ['full' if layer.window is None else 'swa' for layer in plan]
+  rope_full = _rope_flag(plan, lambda layer: layer.window is None, 'full-attention')
+  rope_swa = _rope_flag(plan, lambda layer: layer.window is not None, 'sliding-window')
+  if (rope_full and 'full' in kinds) or (rope_swa and 'swa' in kinds):
+    if not theta:
+      _refuse('rope_parameters.rope_theta', theta, 'RoPE layers need a base > 1')
+  heads = hf['num_attention_heads']
+  fields = dict(
+      vocab_size=hf['vocab_size'], d_model=hf['hidden_size'], num_layers=hf['num_hidden_layers'], num_heads=heads,
+      num_kv_heads=hf.get('num_key_value_heads') or heads,
+      head_dim=hf.get('head_dim') or hf['hidden_size'] // heads, d_ff=hf['intermediate_size'],
+      cycle=_shortest_cycle(kinds), rope_full=rope_full, rope_swa=rope_swa,
+      norm_eps=float(hf['rms_norm_eps']))
+  if theta:
+    fields['rope_base'] = float(theta)
+  if windows:
+    fields['window'] = int(windows[0])
+  return ImportPlan(model_type, fields, bool(hf['tie_word_embeddings']), model_type == 'granite_swa')

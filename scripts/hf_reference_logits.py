@@ -1,0 +1,109 @@
+"""Reference logits from `transformers` (CPU torch) for the checkpoints under tests/data/hf/ (run outside the tests).
+
+Needs Python 3.11 with torch and transformers >= 5.15 (GraniteSWA); the test suite never imports torch:
+
+  python3.11 -m venv /tmp/hfref311
+  /tmp/hfref311/bin/pip install torch==2.13.0 && /tmp/hfref311/bin/pip install "transformers>=5.15" safetensors
+  /tmp/hfref311/bin/python scripts/hf_reference_logits.py tests/data/hf [--build] [--length=N]
+
+`--build` first writes the transformers-side fixtures (tiny random models saved by `save_pretrained`: a tied Llama
+with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3).
+Then, for every directory given (or every checkpoint directory under it), it loads the checkpoint with
+AutoModelForCausalLM in float32 and writes `reference.safetensors`: `tokens` [2, N] (int32; N = --length, default
+16), `logits` [2, N, vocab] from the eager attention path, and `greedy` [2, 8]: 8 greedily generated tokens per row. It
+prints how far the sdpa path's logits are from the eager ones (where the class has an sdpa path).
+"""
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+import safetensors.numpy
+import torch
+import transformers
+
+SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=8, max_position_embeddings=64, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+BUILT = {
+    'hf_llama_tied': (transformers.LlamaConfig, dict(num_hidden_layers=3, tie_word_embeddings=True,
+                                                     rms_norm_eps=1e-6,
+                                                     rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    'hf_granite_swa_nope': (transformers.GraniteSWAConfig, dict(
+        num_hidden_layers=5, tie_word_embeddings=True, sliding_window=4,
+        layer_types=['full_attention', 'sliding_attention', 'sliding_attention', 'full_attention',
+                     'sliding_attention'],
+        layer_rope_theta=[0, 10000.0, 10000.0, 0, 10000.0], attention_multiplier=8 ** -0.5,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    'hf_smollm3_untied': (transformers.SmolLM3Config, dict(
+        num_hidden_layers=6, tie_word_embeddings=False, use_sliding_window=True, sliding_window=6,
+        no_rope_layers=[1, 1, 0, 1, 1, 0],
+        layer_types=['sliding_attention', 'sliding_attention', 'full_attention'] * 2,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 1000.0})),
+}
+BATCH, LENGTH, NEW_TOKENS = 2, 16, 8
+
+
+def build(root: pathlib.Path):
+  for seed, (name, (config_class, fields)) in enumerate(BUILT.items()):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config_class(**SMALL, **fields))
+    with torch.no_grad():
+      for pname, p in model.named_parameters():
+        if pname.endswith('sinks'):
+          p.fill_(-float('inf'))
+        elif pname.endswith('norm.weight') or 'layernorm' in pname:
+          p.copy_(1 + 0.2 * torch.randn_like(p))
+        else:
+          p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(root / name)
+    print(f'built {name}: {type(model).__name__}')
+
+
+def tokens_for(vocab: int, length: int) -> np.ndarray:
+  """Fixed token ids: two rows of a simple permutation pattern covering the vocabulary."""
+  return ((np.arange(BATCH * length).reshape(BATCH, length) * 37 + 11) % vocab).astype(np.int32)
+
+
+def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
+  config = json.loads((path / 'config.json').read_text())
+  tokens = tokens_for(config['vocab_size'], length)
+  ids = torch.from_numpy(tokens.astype(np.int64))
+  logits = {}
+  for impl in ('sdpa', 'eager'):
+    try:
+      model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=impl)
+    except ValueError as e:  # GraniteSWA has no sdpa path (its sinks need the eager softmax).
+      print(f'{path.name}: no {impl} path ({str(e)[:60]}...)')
+      continue
+    model.eval()
+    with torch.no_grad():
+      logits[impl] = model(ids).logits.numpy()
+  with torch.no_grad():  # (the eager model, loaded last)
+    # An explicit all-ones mask: otherwise generate treats prompt tokens equal to pad_token_id as padding.
+    generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
+                               pad_token_id=0)
+  greedy = generated[:, length:].numpy().astype(np.int32)
+  safetensors.numpy.save_file({'tokens': tokens, 'logits': logits['eager'], 'greedy': greedy},
+                              str(path / 'reference.safetensors'),
+                              metadata={'transformers': transformers.__version__, 'torch': torch.__version__,
+                                        'class': type(model).__name__})
+  gap = float(np.abs(logits['sdpa'] - logits['eager']).max()) if 'sdpa' in logits else None
+  return {'class': type(model).__name__, 'max_abs_logit': float(np.abs(logits['eager']).max()),
+          'sdpa_vs_eager_max_abs': gap}
+
+
+def main(argv):
+  roots = [pathlib.Path(a) for a in argv if not a.startswith('--')]
+  length = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--length=')), LENGTH)
+  if '--build' in argv:
+    build(roots[0])
+  for root in roots:
+    dirs = [root] if (root / 'config.json').is_file() else sorted(p for p in root.iterdir()
+                                                                  if (p / 'config.json').is_file())
+    for path in dirs:
+      print(path.name, json.dumps(reference(path, length)))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])

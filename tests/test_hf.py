@@ -1,0 +1,264 @@
+"""Hugging Face checkpoints in and out (hybrid_jax.hf), against logits computed by `transformers` itself.
+
+tests/data/hf/ holds tiny checkpoints and, beside each, `reference.safetensors`: the logits and greedy tokens that
+transformers (CPU torch, eager attention) produced for them (scripts/hf_reference_logits.py; jax_* directories were
+written by hybrid_jax's exporter, hf_* ones by transformers' save_pretrained). No torch is imported here.
+"""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from hybrid_jax import cli as hybrid_jax_cli, runs
+from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
+from hybrid_jax.eval.generate import Generator
+from hybrid_jax.hf import HFError, cli, config_map, io
+from hybrid_jax.train import state as state_lib
+
+DATA = pathlib.Path(__file__).parent / 'data' / 'hf'
+FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / 'reference.safetensors').is_file())
+EXPORTED = [name for name in FIXTURES if name.startswith('jax_')]
+REL_TOL = 1e-5
+
+
+def _logits(model_cfg, params, tokens):
+  model_def = state_lib.make_model_def(model_cfg)
+  return np.asarray(jax.jit(lambda p, t: model_def.bind(p)(t))(params, tokens))
+
+
+def _rel_err(ours, ref):
+  return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+def _tiny_config(**fields):
+  config = load_config_file(str(BASE_CONFIG))
+  config.model.update({**dict(vocab_size=40, d_model=16, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=24,
+                              num_layers=3, dtype='float32'), **fields})
+  return validate(config)
+
+
+def test_fixture_set_covers_every_class():
+  classes = {json.loads((DATA / n / 'config.json').read_text())['model_type'] for n in FIXTURES}
+  assert classes == set(config_map.HF_CLASSES)
+  assert sum(f.stat().st_size for f in DATA.rglob('*') if f.is_file()) < 1_000_000
+
+
+@pytest.mark.parametrize('name', FIXTURES)
+def test_logits_match_transformers(name):
+  config, params, _ = io.read_hf(DATA / name)
+  ref = load_file(str(DATA / name / 'reference.safetensors'))
+  ours = _logits(config.model, params, ref['tokens'])
+  assert ours.shape == ref['logits'].shape
+  assert _rel_err(ours, ref['logits']) <= REL_TOL
+
+
+# Windows shorter than the prompt, NoPE and an irregular pattern in the default suite; the rest under -m slow.
+@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in ('hf_granite_swa_nope', 'jax_mistral_swa')
+                                               else [pytest.mark.slow]) for n in FIXTURES])
+def test_greedy_tokens_match_transformers(name):
+  """The decode path (KV caches, SWA rings) continues greedily exactly as transformers' generate did."""
+  config, params, _ = io.read_hf(DATA / name)
+  ref = load_file(str(DATA / name / 'reference.safetensors'))
+  generator = Generator(state_lib.make_model_def(config.model), params, bucket=8)
+  greedy = generator.generate(ref['tokens'].tolist(), max_new_tokens=ref['greedy'].shape[1])
+  np.testing.assert_array_equal(np.asarray(greedy), ref['greedy'])
+
+
+def test_imported_layer_patterns():
+  """The per-layer pattern of each transformers config becomes hybrid_jax's shortest cycle and RoPE flags."""
+  def fields(name):
+    return config_map.plan_import(io.read_hf_config(DATA / name)).model_fields
+
+  granite = fields('hf_granite_swa_nope')  # full(NoPE), swa, swa, full(NoPE), swa
+  assert (granite['cycle'], granite['window'], granite['rope_full'], granite['rope_swa']) == (
+      ('full', 'swa', 'swa'), 4, False, True)
+  smol = fields('hf_smollm3_untied')
+  assert (smol['cycle'], smol['window'], smol['rope_full'], smol['rope_base']) == (
+      ('swa', 'swa', 'full'), 6, False, 1000.0)
+  # A SmolLM3 config without layer_types: transformers makes the NoPE layers the sliding ones.
+  derived = {**io.read_hf_config(DATA / 'hf_smollm3_untied'), 'no_rope_layers': [1, 1, 0, 1], 'num_hidden_layers': 4}
+  del derived['layer_types']
+  derived = config_map.plan_import(derived).model_fields
+  assert (derived['cycle'], derived['rope_full'], derived['rope_swa']) == (('full', 'full', 'swa'), True, False)
+  assert fields('hf_llama_tied')['cycle'] == ('full',)
+  assert fields('jax_mistral_swa')['cycle'] == ('swa',)
+
+
+@pytest.mark.parametrize('name', EXPORTED)
+def test_export_of_imported_fixture_is_identical(name, tmp_path):
+  """Import then export reproduces the committed exporter output: same config.json, same tensors bit for bit."""
+  config, params, plan = io.read_hf(DATA / name)
+  io.write_hf(tmp_path, config.model, params, arch=plan.model_type, max_positions=64)
+  assert json.loads((tmp_path / 'config.json').read_text()) == json.loads((DATA / name / 'config.json').read_text())
+  ours, theirs = load_file(str(tmp_path / io.WEIGHTS_FILE)), load_file(str(DATA / name / io.WEIGHTS_FILE))
+  assert ours.keys() == theirs.keys()
+  for key in ours:
+    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+
+
+def test_round_trip_of_a_scanned_model(tmp_path):
+  """A scanned model (2 stacked cycles + 1 tail layer) exports and re-imports to identical params and logits."""
+  config = _tiny_config(num_layers=5, cycle=('swa', 'full'), window=3, rope_full=False, scan_layers=True)
+  shapes = jax.eval_shape(lambda: state_lib.init_params(config.model, 0))
+  rng = np.random.default_rng(7)
+  params = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32) * 0.3, shapes)
+  io.write_hf(tmp_path, config.model, params, max_positions=32)
+  assert json.loads((tmp_path / 'config.json').read_text())['model_type'] == 'smollm3'
+  back_config, back, _ = io.read_hf(tmp_path, {'scan_layers': True})
+  assert back_config.model.cycle == ('swa', 'full') and back_config.model.window == 3
+  assert jax.tree.structure(back) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+    np.testing.assert_array_equal(a, b)
+  # Imported unscanned, the same weights compute the same function as the scanned original.
+  flat_config, flat, _ = io.read_hf(tmp_path)
+  assert 'cycles' not in flat
+  tokens = np.arange(24, dtype=np.int32).reshape(2, 12) % 40
+  assert _rel_err(_logits(flat_config.model, flat, tokens), _logits(config.model, params, tokens)) <= REL_TOL
+
+
+def test_cli_import_run_then_export(tmp_path, capsys):
+  """`hf import` writes a run that runs.load_run reads; `hf export` of it writes the tied head out untied."""
+  source = DATA / 'hf_llama_tied'
+  with pytest.raises(SystemExit) as exit_info:  # Through `python -m hybrid_jax hf ...`'s dispatch.
+    hybrid_jax_cli.main(['hybrid_jax', 'hf', 'import', str(source), '--workdir', str(tmp_path / 'run')])
+  assert exit_info.value.code == 0
+  assert json.loads(capsys.readouterr().out)['tied_embeddings'] is True
+  run = runs.load_run(tmp_path / 'run')
+  ref = load_file(str(source / 'reference.safetensors'))
+  assert run.step == 0
+  assert _rel_err(_logits(run.config.model, run.params, ref['tokens']), ref['logits']) <= REL_TOL
+  assert cli.main(['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'out')]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary['architectures'] == ['LlamaForCausalLM'] and summary['step'] == 0
+  assert json.loads((tmp_path / 'out' / 'config.json').read_text())['eos_token_id'] == 256  # The byte tokenizer's.
+  out, original = load_file(str(tmp_path / 'out' / io.WEIGHTS_FILE)), load_file(str(source / io.WEIGHTS_FILE))
+  assert set(out) == set(original) | {'lm_head.weight'}
+  for key in original:
+    np.testing.assert_array_equal(out[key], original[key], err_msg=key)
+  np.testing.assert_array_equal(out['lm_head.weight'], original['model.embed_tokens.weight'])
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
+  assert 'already holds a run' in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize('fields, arch, match', [
+    (dict(cycle=('lightning', 'full')), 'auto', r"layer 0 is a 'lightning' mixer .*exportable layer kinds: full, swa"),
+    (dict(cycle=('full', 'gdn')), 'auto', r"layer 1 is a 'gdn' mixer"),
+    (dict(cycle=('headwise',), window=4), 'auto', r"'headwise' mixer \(SWA and full heads inside one layer\)"),
+    (dict(cycle=('swa', 'full'), window=4), 'llama', r'--arch=llama has no sliding windows'),
+    (dict(cycle=('swa', 'full'), window=4), 'mistral', r'--arch=mistral gives every layer the same window'),
+    (dict(cycle=('full',), rope_full=False), 'llama', r'layers \[0, 1, 2\] are NoPE'),
+    (dict(cycle=('full',)), 'gpt2', r"--arch='gpt2' is not a supported"),
+])
+def test_export_refuses_what_no_class_expresses(fields, arch, match):
+  config = _tiny_config(**fields)
+  with pytest.raises(HFError, match=match):
+    config_map.to_hf_config(config.model, arch, max_positions=32)
+
+
+def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, capsys):
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'config.json').write_text(_tiny_config(cycle=('mamba2', 'full')).to_json_best_effort())
+  assert cli.main(['export', '--workdir', str(run), '--out', str(tmp_path / 'out')]) == 2  # (no checkpoints)
+  assert "'mamba2' mixer" in capsys.readouterr().err
+  assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize('name, change, match', [
+    ('hf_llama_tied', dict(model_type='qwen3'), r"model_type='qwen3'.*supported model types: llama, mistral"),
+    ('hf_llama_tied', dict(attention_bias=True), r'attention_bias=True .*no biases'),
+    ('hf_llama_tied', dict(hidden_act='gelu'), r"hidden_act='gelu'"),
+    ('hf_llama_tied', dict(rope_parameters={'rope_type': 'yarn', 'rope_theta': 1e4, 'factor': 4.0}),
+     r"rope_type='yarn'"),
+    ('hf_granite_swa_nope', dict(residual_multiplier=0.22), r'residual_multiplier=0.22'),
+    ('hf_granite_swa_nope', dict(attention_multiplier=1.0), r'attention_multiplier=1.0 .*head_dim\*\*-0.5'),
+    ('hf_granite_swa_nope', dict(layer_rope_theta=[0, 1e4, 5e5, 0, 1e4]), r'one RoPE base'),
+    ('hf_granite_swa_nope', dict(layer_rope_theta=[1e4, 1e4, 1e4, 0, 1e4]),
+     r'full-attention layers mix RoPE and NoPE \(NoPE at layers \[3\]\)'),
+    ('hf_smollm3_untied', dict(layer_types=['full_attention'] * 5), r'one entry per layer \(6\)'),
+])
+def test_import_refuses_unrepresentable_configs(name, change, match):
+  hf = {**io.read_hf_config(DATA / name), **change}
+  with pytest.raises(HFError, match=match):
+    config_map.plan_import(hf)
+
+
+def test_import_refuses_config_before_reading_weights(tmp_path):
+  source = tmp_path / 'source'
+  shutil.copytree(DATA / 'hf_llama_tied', source)
+  (source / io.WEIGHTS_FILE).write_bytes(b'not safetensors')
+  hf = {**io.read_hf_config(source), 'mlp_bias': True}
+  (source / 'config.json').write_text(json.dumps(hf))
+  with pytest.raises(HFError, match='mlp_bias=True'):
+    io.import_hf(source, tmp_path / 'run')
+  assert not (tmp_path / 'run').exists()
+
+
+def _edited_copy(tmp_path, name, edit):
+  target = tmp_path / name
+  shutil.copytree(DATA / name, target)
+  tensors = load_file(str(target / io.WEIGHTS_FILE))
+  edit(tensors)
+  save_file(tensors, str(target / io.WEIGHTS_FILE))
+  return target
+
+
+@pytest.mark.parametrize('name, edit, match', [
+    ('hf_granite_swa_nope', lambda t: t['model.layers.2.self_attn.sinks'].__setitem__(1, 0.5),
+     r'model.layers.2.self_attn.sinks holds attention sinks .*no sinks'),
+    ('hf_llama_tied', lambda t: t.__setitem__('model.layers.1.mlp.up_proj.weight', np.zeros((8, 16), np.float32)),
+     r"'model.layers.1.mlp.up_proj.weight' has shape \(8, 16\), but config.json implies \(32, 16\)"),
+    ('hf_llama_tied', lambda t: t.pop('model.layers.2.self_attn.o_proj.weight'),
+     r"no tensor 'model.layers.2.self_attn.o_proj.weight'"),
+    ('hf_llama_tied', lambda t: t.__setitem__('model.layers.0.self_attn.q_norm.weight', np.ones(8, np.float32)),
+     r'no place for: \[.model.layers.0.self_attn.q_norm.weight.\]'),
+    ('hf_llama_tied', lambda t: t.__setitem__('lm_head.weight', t['model.embed_tokens.weight'] + 1),
+     r'tie_word_embeddings is true but lm_head.weight differs'),
+])
+def test_import_refuses_unrepresentable_weights(tmp_path, name, edit, match):
+  with pytest.raises(HFError, match=match):
+    io.read_hf(_edited_copy(tmp_path, name, edit))
+
+
+def test_sharded_and_bfloat16_checkpoints_read(tmp_path):
+  """Shards listed in model.safetensors.index.json and bfloat16 tensors import (bf16 exactly representable)."""
+  import ml_dtypes
+  name = 'jax_llama_gqa'
+  shutil.copy(DATA / name / 'config.json', tmp_path / 'config.json')
+  tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in load_file(str(DATA / name / io.WEIGHTS_FILE)).items()}
+  keys = sorted(tensors)
+  shards = {'a.safetensors': keys[::2], 'b.safetensors': keys[1::2]}
+  for shard, names in shards.items():
+    save_file({k: tensors[k] for k in names}, str(tmp_path / shard))
+  weight_map = {k: shard for shard, names in shards.items() for k in names}
+  (tmp_path / io.INDEX_FILE).write_text(json.dumps({'weight_map': weight_map}))
+  _, params, _ = io.read_hf(tmp_path)
+  _, direct, _ = io.read_hf(DATA / name)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(direct)):
+    assert a.dtype == np.float32
+    np.testing.assert_array_equal(a, np.asarray(b).astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_sentencepiece_tokenizer_travels_both_ways(tmp_path, capsys):
+  """A checkpoint's tokenizer.model becomes the imported run's tokenizer, and export copies it back with its EOS."""
+  import sentencepiece as spm
+  (tmp_path / 'text.txt').write_text('\n'.join(f'abc cab bca {i}' for i in range(50)))
+  spm.SentencePieceTrainer.train(input=str(tmp_path / 'text.txt'), model_prefix=str(tmp_path / 'sp'), vocab_size=30,
+                                 model_type='char', minloglevel=2)
+  source = tmp_path / 'source'
+  shutil.copytree(DATA / 'jax_llama_gqa', source)
+  shutil.copy(tmp_path / 'sp.model', source / io.SENTENCEPIECE_FILE)
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 0
+  run = runs.load_run(tmp_path / 'run')
+  assert run.config.data.tokenizer == str((tmp_path / 'run' / io.SENTENCEPIECE_FILE).absolute())
+  assert run.tokenizer.decode(run.tokenizer.encode('abc cab')) == 'abc cab'
+  assert cli.main(['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'out')]) == 0
+  assert (tmp_path / 'out' / io.SENTENCEPIECE_FILE).read_bytes() == (tmp_path / 'sp.model').read_bytes()
+  assert json.loads((tmp_path / 'out' / 'config.json').read_text())['eos_token_id'] == run.tokenizer.eos_id
+  capsys.readouterr()
