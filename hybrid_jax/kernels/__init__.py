@@ -1,4 +1,4 @@
-"""Mixer kernels with stable public contracts (see MIXERS.md, "Kernel contracts")."""
+"""Mixer kernels with stable public contracts (see docs/KERNELS.md, "Kernel contracts")."""
 
 from hybrid_jax.kernels.attention import attention
 from hybrid_jax.kernels.conv1d import causal_conv1d

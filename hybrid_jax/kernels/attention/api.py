@@ -40,7 +40,8 @@ IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 
 # Automatic choice on GPU by window bucket: (largest window in the bucket, None = full causal or window >= T,
 # implementation). Filled from `python -m hybrid_jax bench attention` on an H200; until measured it is cuDNN
-# everywhere, the fastest known anchor (BENCH.md). Calls the preferred kernel cannot run fall back in _FALLBACK order.
+# everywhere, the fastest known anchor (docs/BENCHMARKING.md, "Anchors"). Calls the preferred kernel cannot run
+# fall back in _FALLBACK order.
 _GPU_BY_WINDOW = ((128, 'cudnn'), (512, 'cudnn'), (2048, 'cudnn'), (None, 'cudnn'))
 _AUTO = {'tpu': 'pallas_tpu', 'cpu': 'xla'}  # Other backends; anything not listed gets 'xla'.
 _FALLBACK = ('pallas_gpu', 'cudnn', 'xla')

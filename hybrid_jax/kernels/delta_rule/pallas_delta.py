@@ -1,6 +1,6 @@
 """The gated delta rule as Pallas kernels (shared by `pallas_gpu` and `pallas_tpu`), with a custom VJP.
 
-Forward (MIXERS.md, "Gated DeltaNet"), per chunk with beta = diag(beta_i):
+Forward (docs/KERNELS.md, "Gated DeltaNet (the gated delta rule)"), per chunk with beta = diag(beta_i):
 1. intra kernel (chunk-parallel): L = strictly_lower((beta K K^T) o Gamma), T = (I + L)^-1 (GPU: 16x16 forward
    substitution + block merge; TPU: the matmul-only product (I + N)(I + N^2)(I + N^4)... with N = -L),
    W = T (beta K o exp(G)), U = T (beta V); T is stored for the backward;

@@ -1,4 +1,5 @@
-"""Chunkwise gated delta rule in the UT / WY form (MIXERS.md, "Gated DeltaNet") in plain XLA ops.
+"""Chunkwise gated delta rule in the UT / WY form (docs/KERNELS.md, "Gated DeltaNet (the gated delta rule)") in
+plain XLA ops.
 
 Per chunk: L = strictly_lower((beta K K^T) o Gamma), T = (I + L)^-1, W = T (beta K o exp(G)), U = T (beta V);
 the only sequential pass (a `lax.scan` over chunks) is V_new = U - W S, S <- exp(gamma) S + (K o exp(gamma - G))^T

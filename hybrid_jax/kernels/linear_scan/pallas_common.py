@@ -1,6 +1,7 @@
 """Pieces shared by the GPU (Triton-style) and TPU (Mosaic-style) Pallas scan kernels.
 
-Both backends run the same per-chunk math (MIXERS.md, "Scalar-decay linear scan" and "Gated DeltaNet") on tiles
+Both backends run the same per-chunk math (docs/KERNELS.md, "Scalar-decay linear scan (Lightning, Mamba-2)" and
+"Gated DeltaNet (the gated delta rule)") on tiles
 of one chunk: q/k [C, K], v [C, V], per-token scalars (beta, gradients) as columns [C, 1]. They differ in
 - layout: GPU kernels read [B, T, H, D] directly (strided tiles are free in Triton); TPU kernels read
   [B, H, T, D] so every tile's last two dims are (chunk, head dim), as Mosaic wants;

@@ -1,4 +1,4 @@
-"""Chunkwise scalar-decay scan (MIXERS.md, "Scalar-decay linear scan") in plain XLA ops.
+"""Chunkwise scalar-decay scan (docs/KERNELS.md, "Scalar-decay linear scan (Lightning, Mamba-2)") in plain XLA ops.
 
 Within a chunk of C tokens everything is a masked matmul; only the C-times-shorter state recurrence across chunks
 is sequential (`lax.scan` over chunks). Layout: chunk index first, then batch and head, so every matmul has
