@@ -55,7 +55,14 @@ def main(argv=None):
             targets[topology] = compile_check.tpu_target(topology)
           rows.append(compile_check.check(config, targets[topology]))
           store.write_text(json.dumps(rows, indent=1) + '\n')
+          _write(out, rows)
           print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
+  _write(out, rows)
+  print(f'wrote {out} ({len(rows)} rows)')
+
+
+def _write(out, rows):
+  from hybrid_jax.parallel import compile_check
   versions = ', '.join(f'{n} {importlib.metadata.version(n)}' for n in ('jax', 'jaxlib', 'libtpu', 'flax'))
   header = (f'# The study on Cloud TPU: what fits where\n\nGenerated {datetime.date.today()} by '
             f'`python scripts/tpu_fit_table.py` ({versions}) on a CPU host: each row is\n'
@@ -66,7 +73,6 @@ def main(argv=None):
             'max(model FLOPs / peak, XLA bytes accessed / HBM bandwidth) per chip, a lower\nbound that ignores '
             'communication and kernel efficiency; not a measurement.\n\n')
   out.write_text(header + compile_check.table(rows) + '\n')
-  print(f'wrote {out} ({len(rows)} rows)')
 
 
 if __name__ == '__main__':
