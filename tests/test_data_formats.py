@@ -1,0 +1,163 @@
+"""Study-scale inputs: Hugging Face tokenizer.json, parquet shards, and pretokenized ArrayRecord directories."""
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from hybrid_jax.config import ConfigError
+from hybrid_jax.data import parquet, pipeline, pretokenized, sources, tokenizers
+from tests.test_data import assert_batches_equal, make_config, take
+
+pa = pytest.importorskip('pyarrow')
+pq = pytest.importorskip('pyarrow.parquet')
+hf = pytest.importorskip('tokenizers')
+
+WORDS = 'the quick brown fox jumps over a lazy dog while seven wizards quietly hex bright jackdaws'.split()
+
+
+def train_tokenizer_json(directory, *, template=True, special=('<s>', '</s>'), vocab_size=300):
+  """A byte-level BPE tokenizer.json trained here by the `tokenizers` library (no download)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special),
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  rng = np.random.default_rng(0)
+  tok.train_from_iterator([' '.join(rng.choice(WORDS, 12)) for _ in range(200)], trainer)
+  if template:
+    tok.post_processor = processors.TemplateProcessing(
+        single=f'{special[0]} $A {special[1]}', special_tokens=[(t, tok.token_to_id(t)) for t in special])
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, 'tokenizer.json')
+  tok.save(path)
+  return path
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer.json
+
+
+def test_hf_tokenizer_round_trip_specials_and_offsets(tmp_path):
+  path = train_tokenizer_json(tmp_path / 'tok')
+  tok = tokenizers.get_tokenizer(path)
+  reference = hf.Tokenizer.from_file(path)
+  assert isinstance(tok, tokenizers.HFTokenizer)
+  assert tok.eos_id == reference.token_to_id('</s>') and tok.bos_id == reference.token_to_id('<s>')
+  assert tok.vocab_size == reference.get_vocab_size(with_added_tokens=True)
+  text = 'the lazy wizards hex seven quick jackdaws'
+  ids = tok.encode(text)
+  assert ids.dtype == np.int32 and tok.eos_id not in ids and tok.bos_id not in ids  # The pipeline adds EOS.
+  assert len(ids) < len(text) and tok.decode(ids) == text
+  assert tok.decode(np.append(ids, tok.eos_id)) == text
+  np.testing.assert_array_equal(pickle.loads(pickle.dumps(tok)).encode(text), ids)
+  ids, offsets = tok.encode_with_offsets(text)
+  assert ''.join(text[a:b] for a, b in offsets) == text  # Tokens tile the text in order.
+  assert all(tok.decode([i]) == text[a:b] for i, (a, b) in zip(ids, offsets))
+  # Offsets count characters, not UTF-8 bytes.
+  accented = 'héllo wörld ∑'
+  _, offsets = tok.encode_with_offsets(accented)
+  assert offsets[-1][1] == len(accented) < len(accented.encode())
+
+
+def test_hf_tokenizer_special_tokens_from_config_and_names(tmp_path):
+  # No template: the usual names are found among the special tokens.
+  tok = tokenizers.get_tokenizer(train_tokenizer_json(tmp_path / 'a', template=False, special=('<|endoftext|>',)))
+  assert tok.decode([tok.eos_id]) == '' and tok.bos_id is None
+  assert hf.Tokenizer.from_file(str(tmp_path / 'a' / 'tokenizer.json')).id_to_token(tok.eos_id) == '<|endoftext|>'
+  # tokenizer_config.json beside the file wins over the template.
+  path = train_tokenizer_json(tmp_path / 'b', special=('<s>', '</s>', '<end>'))
+  (tmp_path / 'b' / 'tokenizer_config.json').write_text(json.dumps({'eos_token': {'content': '<end>'},
+                                                                     'bos_token': '<s>'}))
+  tok = tokenizers.get_tokenizer(path)
+  assert tok.eos_id == hf.Tokenizer.from_file(path).token_to_id('<end>')
+
+
+def test_hf_tokenizer_refusals(tmp_path):
+  with pytest.raises(ConfigError, match='missing.json'):
+    tokenizers.get_tokenizer(str(tmp_path / 'missing.json'))
+  (tmp_path / 'bad.json').write_text('{"not": "a tokenizer"}')
+  with pytest.raises(ConfigError, match='bad.json.*not a readable'):
+    tokenizers.get_tokenizer(str(tmp_path / 'bad.json'))
+  path = train_tokenizer_json(tmp_path / 'c', template=False, special=('<pad>',))
+  with pytest.raises(ConfigError, match=r"no EOS token.*\['<pad>'\]"):
+    tokenizers.get_tokenizer(path)
+
+
+def test_vocab_size_mismatch_refused_naming_both(tmp_path):
+  path = train_tokenizer_json(tmp_path / 'tok', vocab_size=300)
+  c = make_config(tokenizer=path)
+  c.model.vocab_size = 257
+  with pytest.raises(ConfigError, match=r'vocab_size=257.*tokenizer\.json.*\(300\)'):
+    pipeline.make_train_dataset(c)
+
+
+# ------------------------------------------------------------------------------------------------ parquet
+
+
+def write_parquet(root, n_files=3, rows=20, row_group_size=7, column='text'):
+  """Long ('L', 100+ chars) and short ('S') documents over several files and row groups; returns every text."""
+  root.mkdir(parents=True, exist_ok=True)
+  texts = []
+  for f in range(n_files):
+    batch = [(f'L{f}{i:02d} ' + 'long text ' * 12) if i % 2 else f'S{f}{i:02d} short' for i in range(rows)]
+    table = pa.table({column: batch, 'id': list(range(rows))})
+    pq.write_table(table, root / f'part-{f:03d}.parquet', row_group_size=row_group_size)
+    texts += batch
+  return texts
+
+
+def test_parquet_source_split_and_reads(tmp_path):
+  texts = write_parquet(tmp_path / 'pq')
+  cfg = make_config(source='parquet', paths=str(tmp_path / 'pq' / '*.parquet'), eval_fraction=0.2).data
+  train, held_out = sources.make_source(cfg, 'train'), sources.make_source(cfg, 'eval')
+  assert isinstance(train, parquet.ParquetSource)
+  got_train = [train[i] for i in range(len(train))]
+  got_eval = [held_out[i] for i in range(len(held_out))]
+  assert sorted(got_train + got_eval) == sorted(texts) and not set(got_train) & set(got_eval)
+  # The split is the stable hash split of '<file>:<row>', whatever the row grouping.
+  expected_eval = {texts[f * 20 + r] for f in range(3) for r in range(20)
+                   if sources.hash_fraction(f'part-{f:03d}.parquet:{r}') < 0.2}
+  assert set(got_eval) == expected_eval
+  # Random order reads and pickling (grain workers) give the same documents.
+  clone = pickle.loads(pickle.dumps(train))
+  for i in np.random.default_rng(0).permutation(len(train)):
+    assert clone[int(i)] == got_train[int(i)]
+  assert repr(sources.make_source(cfg, 'train')) == repr(train)
+
+
+def test_parquet_source_refusals(tmp_path):
+  write_parquet(tmp_path / 'pq', n_files=1, column='body')
+  cfg = make_config(source='parquet', paths=str(tmp_path / 'pq')).data
+  with pytest.raises(ConfigError, match=r"text_field='text'.*part-000.parquet.*\['body', 'id'\]"):
+    sources.make_source(cfg, 'train')
+  cfg.text_field = 'id'
+  with pytest.raises(ConfigError, match='int64, not strings'):
+    sources.make_source(cfg, 'train')
+  cfg.paths = str(tmp_path / 'none*.parquet')
+  with pytest.raises(ConfigError, match='matches no .parquet file'):
+    sources.make_source(cfg, 'train')
+  (tmp_path / 'broken.parquet').write_bytes(b'PAR1 garbage')
+  cfg.paths = str(tmp_path / 'broken.parquet')
+  with pytest.raises(sources.DataError, match='broken.parquet: not a readable parquet file'):
+    sources.make_source(cfg, 'train')
+
+
+def test_parquet_training_mixes_and_resumes(tmp_path):
+  write_parquet(tmp_path / 'pq', n_files=2, rows=40)
+  c = make_config(source='parquet', paths=str(tmp_path / 'pq'), long_doc_min_tokens=50, eval_fraction=0.3)
+  it = iter(pipeline.make_train_dataset(c))
+  batches = take(it, 20)
+  from tests.test_data import stream_of, whole_documents  # pylint: disable=g-import-not-at-top
+  docs = whole_documents(stream_of(batches))
+  n_long, n_short = sum(d[0] == 'L' for d in docs), sum(d[0] == 'S' for d in docs)
+  assert n_long + n_short == len(docs) and n_short > 5 and abs(n_long / n_short - 1) < 0.3
+  state = it.get_state()
+  expected = take(it, 3)
+  restored = iter(pipeline.make_train_dataset(c))
+  restored.set_state(state)
+  assert_batches_equal(take(restored, 3), expected)
+  held_out = pipeline.held_out_documents(c, 20, 2)
+  assert held_out.tokens.shape == (2, 21)
