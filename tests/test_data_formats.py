@@ -161,3 +161,130 @@ def test_parquet_training_mixes_and_resumes(tmp_path):
   assert_batches_equal(take(restored, 3), expected)
   held_out = pipeline.held_out_documents(c, 20, 2)
   assert held_out.tokens.shape == (2, 21)
+
+
+# ------------------------------------------------------------------------------------------------ pretokenized
+
+
+def _parquet_config(tmp_path, **data):
+  if not (tmp_path / 'pq').exists():
+    write_parquet(tmp_path / 'pq', n_files=3, rows=30)
+  return make_config(source='parquet', paths=str(tmp_path / 'pq'), long_doc_min_tokens=40, eval_fraction=0.2,
+                     **data)
+
+
+def _pretokenized(config, out, **kwargs):
+  pretokenized.pretokenize(config, str(out), **kwargs)
+  c = make_config(**{k: config.data[k] for k in ('seq_len', 'long_doc_min_tokens', 'tokenizer')},
+                  source='pretokenized', paths=str(out), batch_size=config.train.batch_size)
+  c.model.vocab_size = config.model.vocab_size
+  return c
+
+
+@pytest.mark.parametrize('tokenizer', ['byte', 'tokenizer.json'])
+def test_pretokenized_gives_the_batches_of_on_the_fly(tmp_path, tokenizer):
+  on_the_fly = _parquet_config(tmp_path)
+  if tokenizer != 'byte':
+    on_the_fly.data.tokenizer = train_tokenizer_json(tmp_path / 'tok')
+    on_the_fly.model.vocab_size = 300
+  pre = _pretokenized(on_the_fly, tmp_path / 'out', shard_tokens=500)
+  manifest = pretokenized.read_manifest(str(tmp_path / 'out'))
+  assert len(manifest['splits']['train']['shards']) > 2  # Several shards: batches cross shard boundaries.
+  train = sources.make_source(on_the_fly.data, 'train')
+  assert manifest['splits']['train']['documents'] == len(train)
+  assert manifest['splits']['train']['tokens'] == sum(len(tokenizers.get_tokenizer(on_the_fly.data.tokenizer).encode(
+      train[i])) for i in range(len(train)))
+  assert [f['path'] for f in manifest['source']['files']] == [p for p, _ in train.files]
+  for seq_len in (64, 48):  # Nothing stored depends on the sequence length.
+    on_the_fly.data.seq_len = pre.data.seq_len = seq_len
+    assert_batches_equal(take(iter(pipeline.make_train_dataset(pre)), 12),
+                         take(iter(pipeline.make_train_dataset(on_the_fly)), 12))
+    for index in range(2):
+      assert_batches_equal(take(iter(pipeline.make_train_dataset(pre, process_index=index, process_count=2)), 4),
+                           take(iter(pipeline.make_train_dataset(on_the_fly, process_index=index, process_count=2)), 4))
+  assert_batches_equal(pipeline.make_eval_batches(pre, 2), pipeline.make_eval_batches(on_the_fly, 2))
+  a, b = pipeline.held_out_documents(pre, 20, 3), pipeline.held_out_documents(on_the_fly, 20, 3)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert a.ids == b.ids
+
+
+def test_pretokenized_resume_in_the_middle_of_a_shard(tmp_path):
+  pre = _pretokenized(_parquet_config(tmp_path), tmp_path / 'out', shard_tokens=800)
+  it = iter(pipeline.make_train_dataset(pre))
+  take(it, 7)
+  state = it.get_state()
+  expected = take(it, 4)
+  restored = iter(pipeline.make_train_dataset(pre))
+  restored.set_state(state)
+  assert_batches_equal(take(restored, 4), expected)
+
+
+def _documents_read_by_host(args):
+  """Run in its own process: the documents (by text) that host `index` of 2 reads in its first batches."""
+  directory, index = args
+  from tests.test_data import stream_of, whole_documents  # pylint: disable=g-import-not-at-top
+  c = make_config(source='pretokenized', paths=directory, long_short_ratio=0.0, batch_size=2)
+  return set(whole_documents(stream_of(take(iter(pipeline.make_train_dataset(c, process_index=index,
+                                                                              process_count=2)), 200))))
+
+
+def test_two_host_processes_read_disjoint_halves_covering_the_corpus(tmp_path):
+  import multiprocessing  # pylint: disable=g-import-not-at-top
+  config = _parquet_config(tmp_path)
+  pretokenized.pretokenize(config, str(tmp_path / 'out'))
+  with multiprocessing.get_context('spawn').Pool(2) as pool:
+    first, second = pool.map(_documents_read_by_host, [(str(tmp_path / 'out'), 0), (str(tmp_path / 'out'), 1)])
+  train = sources.make_source(config.data, 'train')
+  assert first and second and not first & second
+  assert first | second == {train[i] for i in range(len(train))}
+
+
+def test_pretokenized_refusals(tmp_path):
+  config = _parquet_config(tmp_path)
+  out = tmp_path / 'out'
+  pre = _pretokenized(config, out, shard_tokens=800)
+  with pytest.raises(ConfigError, match='already holds a pretokenized corpus'):
+    pretokenized.pretokenize(config, str(out))
+  with pytest.raises(ConfigError, match="source='pretokenized' is invalid for pretokenize"):
+    pretokenized.pretokenize(pre, str(tmp_path / 'again'))
+  with pytest.raises(ConfigError, match=r'no manifest\.json'):
+    sources.make_source(make_config(source='pretokenized', paths=str(tmp_path)).data, 'train')
+  # Another tokenizer: refused before any batch, naming both.
+  other = make_config(source='pretokenized', paths=str(out), tokenizer=train_tokenizer_json(tmp_path / 'tok'))
+  other.model.vocab_size = 300
+  with pytest.raises(ConfigError, match=r"tokenizer\.json' \(blake2b:\w+\) does not match.*'byte' \(byte"):
+    pipeline.make_train_dataset(other)
+  # A damaged chunk: the read names the shard.
+  shard = out / 'train-00001.array_record'
+  original = shard.read_bytes()
+  damaged = bytearray(original)
+  damaged[150] ^= 0xFF
+  shard.write_bytes(bytes(damaged))
+  source = sources.make_source(pre.data, 'train')
+  with pytest.raises(sources.DataError, match=r'train-00001\.array_record: record 0 .*cannot be read'):
+    [source[i] for i in range(len(source))]  # pylint: disable=expression-not-assigned
+  # A truncated shard: refused when the source opens, naming the file.
+  shard.write_bytes(original[:1000])
+  with pytest.raises(sources.DataError, match=r'train-00001\.array_record: 1000 bytes, but manifest\.json records'):
+    pipeline.make_train_dataset(pre)
+  shard.unlink()
+  with pytest.raises(sources.DataError, match=r'train-00001\.array_record: shard listed in manifest\.json is missing'):
+    pipeline.make_train_dataset(pre)
+
+
+def test_pretokenize_command(tmp_path, capsys):
+  write_parquet(tmp_path / 'pq', n_files=2)
+  tok = train_tokenizer_json(tmp_path / 'tok')
+  base = os.path.join(os.path.dirname(__file__), '..', 'configs', 'base.py')
+  argv = [f'--config={base}', '--config.data.source=parquet', f'--config.data.paths={tmp_path}/pq/*.parquet',
+          f'--config.data.tokenizer={tok}', '--config.model.vocab_size=300', '--out', str(tmp_path / 'out')]
+  assert pretokenized.main(argv) == 0
+  out = capsys.readouterr().out
+  manifest = pretokenized.read_manifest(str(tmp_path / 'out'))
+  assert manifest['tokenizer']['vocab_size'] == 300 and manifest['tokenizer']['spec'] == tok
+  assert manifest['splits']['train']['documents'] + manifest['splits']['eval']['documents'] == 40
+  assert f'--config.data.source=pretokenized --config.data.paths={tmp_path / "out"}' in out
+  argv[4] = '--config.model.vocab_size=257'  # The tokenizer has 300 ids.
+  argv[-1] = str(tmp_path / 'out2')
+  assert pretokenized.main(argv) == 2
+  assert 'vocab_size=257' in capsys.readouterr().err and not (tmp_path / 'out2').exists()
