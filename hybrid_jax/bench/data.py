@@ -6,11 +6,11 @@
 
 Paths: text tokenized on the fly with each tokenizer, and the same documents pretokenized (written once to a
 temporary directory, then read as data.source='pretokenized'). Each row builds the training pipeline of the config
-(one host of `--hosts`: its share of the global batch), takes one batch to start it and its workers, then times
-`--batches` batches. Headroom is that rate over the rate one host must deliver: the step's consumption from
-`compile-check --json` (its roofline estimate of global tokens/s, divided by --hosts), or `--tokens-per-s`.
-`--make-tokenizers DIR` trains a byte-level BPE tokenizer.json and a SentencePiece model on the configured corpus
-first, so the comparison runs anywhere without downloads.
+(one host of `--hosts`: its share of the global batch), takes one batch to start it and its workers, then times at
+least `--batches` batches and `--min-seconds`. Headroom is that rate over the rate one host must deliver: the
+step's consumption from `compile-check --json` (its roofline estimate of global tokens/s, divided by --hosts), or
+`--tokens-per-s`. `--make-tokenizers DIR` trains a byte-level BPE tokenizer.json and a SentencePiece model on the
+configured corpus first, so the comparison runs anywhere without downloads.
 """
 
 import argparse
@@ -43,20 +43,23 @@ def required_tokens_per_s(compile_check_json: str | None, tokens_per_s: float | 
   return tokens_per_s
 
 
-def measure(config, batches: int, process_count: int) -> dict:
-  """Tokens/s of host 0's training batches (of process_count hosts) after the first batch."""
+def measure(config, batches: int, process_count: int, min_seconds: float = 0.0) -> dict:
+  """Tokens/s of host 0's training batches (of process_count hosts) after the first batch: at least `batches`
+  batches and at least `min_seconds` of them (fast paths need many batches for a stable rate)."""
   it = iter(pipeline.make_train_dataset(config, process_index=0, process_count=process_count))
   try:
     first = next(it)  # Starts the workers and fills their buffers: start-up, not throughput.
-    per_batch = first['inputs'].size
+    per_batch, done = first['inputs'].size, 0
     start = time.perf_counter()
-    for _ in range(batches):
+    while done < batches or time.perf_counter() - start < min_seconds:
       next(it)
+      done += 1
     seconds = time.perf_counter() - start
   finally:
     if hasattr(it, 'close'):
       it.close()
-  return {'tokens': per_batch * batches, 'seconds': seconds, 'tokens_per_s': per_batch * batches / seconds}
+  tokens = per_batch * done
+  return {'batches': done, 'tokens': tokens, 'seconds': seconds, 'tokens_per_s': tokens / seconds}
 
 
 def make_tokenizers(config, out_dir: str, max_documents: int = 2000) -> list[str]:
@@ -83,8 +86,8 @@ def make_tokenizers(config, out_dir: str, max_documents: int = 2000) -> list[str
   return [hf_path, os.path.join(out_dir, 'sp.model')]
 
 
-def run(config, tokenizer_specs: list[str], workers: list[int], batches: int, hosts: int,
-        required: float | None) -> list[dict]:
+def run(config, tokenizer_specs: list[str], workers: list[int], batches: int, hosts: int, required: float | None,
+        min_seconds: float = 0.0) -> list[dict]:
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for spec in tokenizer_specs:
@@ -99,7 +102,7 @@ def run(config, tokenizer_specs: list[str], workers: list[int], batches: int, ho
       for path, cfg in (('on the fly', c), ('pretokenized', pre)):
         for n in workers:
           cfg.data.worker_count = n
-          row = {'path': path, 'tokenizer': spec, 'workers': n, **measure(cfg, batches, hosts)}
+          row = {'path': path, 'tokenizer': spec, 'workers': n, **measure(cfg, batches, hosts, min_seconds)}
           if path == 'pretokenized':
             row['pretokenize_s'] = write_s
           if required:
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
   p.add_argument('--make-tokenizers', metavar='DIR', help='train a tokenizer.json and a SentencePiece model on the '
                  'corpus into DIR and add them to --tokenizers')
   p.add_argument('--workers', default='0', help='comma-separated grain worker counts (data.worker_count)')
-  p.add_argument('--batches', type=int, default=20, help='timed batches per row')
+  p.add_argument('--batches', type=int, default=20, help='timed batches per row, at least')
+  p.add_argument('--min-seconds', type=float, default=3.0, help='timed seconds per row, at least')
   p.add_argument('--hosts', type=int, default=1, help='hosts sharing the global batch (each measures its share)')
   p.add_argument('--compile-check', metavar='JSON', help='compile-check --json output: the step consumption')
   p.add_argument('--tokens-per-s', type=float, help='else: the tokens/s one host must deliver')
@@ -135,11 +139,12 @@ def main(argv=None) -> int:
       specs += make_tokenizers(config, args.make_tokenizers)
     workers = [int(w) for w in args.workers.split(',')]
     required = required_tokens_per_s(args.compile_check, args.tokens_per_s, args.hosts)
+    need = f'; need {required:,.0f} tokens/s per host' if required else ''
     print(f'data bench: {config.data.source} corpus, seq_len {config.data.seq_len}, batch '
-          f'{config.train.batch_size // args.hosts} per host (1 of {args.hosts}), {os.cpu_count()} CPUs, '
-          f'{args.batches} timed batches; need {required:,.0f} tokens/s per host' if required else '', flush=True)
+          f'{config.train.batch_size // args.hosts} per host (1 of {args.hosts}), {os.cpu_count()} CPUs, load '
+          f'{os.getloadavg()[0]:.1f}, >= {args.batches} batches and {args.min_seconds:g} s per row{need}', flush=True)
     print('| path | tokenizer | workers | tokens/s per host | headroom |\n| --- | --- | --- | --- | --- |', flush=True)
-    rows = run(config, specs, workers, args.batches, args.hosts, required)
+    rows = run(config, specs, workers, args.batches, args.hosts, required, args.min_seconds)
   except (ValueError, OSError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
