@@ -15,8 +15,8 @@ def test_bench_data_rows_and_headroom(tmp_path, capsys):
     (tmp_path / 'docs' / f'{i}.txt').write_text(f'document {i} ' * (5 + 7 * i))
   out = tmp_path / 'rows.json'
   argv = [f'--config={BASE_CONFIG}', '--config.data.source=files', f'--config.data.paths={tmp_path / "docs"}',
-          '--config.data.seq_len=32', '--config.train.batch_size=4', '--batches', '3', '--min-seconds', '0', '--hosts', '2',
-          '--tokens-per-s', '500', '--json', str(out)]
+          '--config.data.seq_len=32', '--config.train.batch_size=4', '--batches', '3', '--min-seconds', '0',
+          '--hosts', '2', '--tokens-per-s', '500', '--json', str(out)]
   assert bench_data.main(argv) == 0
   result = json.loads(out.read_text())
   assert result['required_tokens_per_s'] == 500

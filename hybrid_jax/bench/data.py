@@ -114,7 +114,8 @@ def run(config, tokenizer_specs: list[str], workers: list[int], batches: int, ho
 
 def _line(r: dict) -> str:
   headroom = f"{r['headroom']:.2f}x" if 'headroom' in r else '-'
-  return f"| {r['path']} | {os.path.basename(r['tokenizer'])} | {r['workers']} | {r['tokens_per_s']:,.0f} | {headroom} |"
+  name = os.path.basename(r['tokenizer'])
+  return f"| {r['path']} | {name} | {r['workers']} | {r['tokens_per_s']:,.0f} | {headroom} |"
 
 
 def main(argv=None) -> int:
