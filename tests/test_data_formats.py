@@ -9,6 +9,7 @@ import pytest
 
 from hybrid_jax.config import ConfigError
 from hybrid_jax.data import parquet, pipeline, pretokenized, sources, tokenizers
+from tests import host_reader
 from tests.test_data import (assert_batches_equal, assert_resumes_exactly, make_config, stream_of, take,
                              whole_documents)
 
@@ -208,20 +209,12 @@ def test_pretokenized_resume_in_the_middle_of_a_shard(tmp_path):
   assert_resumes_exactly(pre, 7, 4)  # 7 x 4 x 65 tokens: past the first shards, inside one.
 
 
-def _documents_read_by_host(args):
-  """Run in its own process: the documents (by text) that host `index` of 2 reads in its first batches."""
-  directory, index = args
-  c = make_config(source='pretokenized', paths=directory, long_short_ratio=0.0, batch_size=2)
-  return set(whole_documents(stream_of(take(iter(pipeline.make_train_dataset(c, process_index=index,
-                                                                              process_count=2)), 200))))
-
-
 def test_two_host_processes_read_disjoint_halves_covering_the_corpus(tmp_path):
   import multiprocessing  # pylint: disable=g-import-not-at-top
   config = _parquet_config(tmp_path)
   pretokenized.pretokenize(config, str(tmp_path / 'out'))
   with multiprocessing.get_context('spawn').Pool(2) as pool:
-    first, second = pool.map(_documents_read_by_host, [(str(tmp_path / 'out'), 0), (str(tmp_path / 'out'), 1)])
+    first, second = pool.map(host_reader.documents_read_by_host, [(str(tmp_path / 'out'), i, 2, 200) for i in (0, 1)])
   train = sources.make_source(config.data, 'train')
   assert first and second and not first & second
   assert first | second == {train[i] for i in range(len(train))}
@@ -276,3 +269,15 @@ def test_pretokenize_command(tmp_path, capsys):
   argv[-1] = str(tmp_path / 'out2')
   assert pretokenized.main(argv) == 2
   assert 'vocab_size=257' in capsys.readouterr().err and not (tmp_path / 'out2').exists()
+
+
+@pytest.mark.slow
+def test_pretokenize_with_worker_processes_writes_the_same_records(tmp_path):
+  config = _parquet_config(tmp_path)
+  one = pretokenized.pretokenize(config, str(tmp_path / 'one'), shard_tokens=800)
+  many = pretokenized.pretokenize(config, str(tmp_path / 'many'), shard_tokens=800, workers=2)
+  assert one['splits'] == many['splits']
+  for split in pretokenized.SPLITS:
+    a = pretokenized.PretokenizedSource(str(tmp_path / 'one'), split, 'byte')
+    b = pretokenized.PretokenizedSource(str(tmp_path / 'many'), split, 'byte')
+    assert len(a) == len(b) and all(np.array_equal(a[i], b[i]) for i in range(len(a)))

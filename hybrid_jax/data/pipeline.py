@@ -82,6 +82,13 @@ def _pack_and_batch(docs: grain.IterDataset, seq_len: int, batch_size: int) -> g
   return rows.batch(batch_size, drop_remainder=True).map(_inputs_targets)
 
 
+def in_worker_processes(dataset: grain.IterDataset, workers: int) -> grain.IterDataset:
+  """`dataset` computed by `workers` grain processes, in the same order."""
+  if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside an absl app use their defaults.
+    flags.FLAGS.mark_as_parsed()
+  return dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+
+
 def checked_tokenizer(config):
   """The run's tokenizer; ConfigError naming both sizes when model.vocab_size cannot hold its ids."""
   tokenizer = tokenizers.get_tokenizer(config.data.tokenizer)
@@ -153,9 +160,7 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
   stream = _mixed_stream(tokens, len(docs), d)
   batches = _pack_and_batch(stream, int(d.seq_len), config.train.batch_size // process_count)
   if d.worker_count > 0:
-    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside an absl app use their defaults.
-      flags.FLAGS.mark_as_parsed()
-    batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(d.worker_count)))
+    batches = in_worker_processes(batches, int(d.worker_count))
   # Splitting by length filters out most documents of one stream by design; grain would warn about that.
   options = grain.experimental.DatasetOptions(filter_warn_threshold_ratio=None)
   return grain.experimental.WithOptionsIterDataset(batches, options)

@@ -27,7 +27,7 @@ import grain
 import numpy as np
 
 from hybrid_jax.config import ConfigError
-from hybrid_jax.data import sources, tokenizers
+from hybrid_jax.data import pipeline, sources, tokenizers
 
 FORMAT = 'hybrid_jax pretokenized 1'
 MANIFEST = 'manifest.json'
@@ -55,7 +55,7 @@ def _write_split(source, tokenizer, out_dir: str, split: str, shard_tokens: int,
   docs = grain.MapDataset.source(source).map(tokenizer.encode).to_iter_dataset(
       grain.ReadOptions(num_threads=0 if workers else 4))
   if workers:
-    docs = docs.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    docs = pipeline.in_worker_processes(docs, workers)
   shards, writer, shard = [], None, None
 
   def close():
@@ -81,7 +81,6 @@ def _write_split(source, tokenizer, out_dir: str, split: str, shard_tokens: int,
 
 def pretokenize(config, out_dir: str, shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int = 0) -> dict:
   """Tokenizes both splits of config.data's source into `out_dir` (which must hold no manifest yet)."""
-  from hybrid_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   d = config.data
   if d.source == 'pretokenized':
     raise ConfigError("config.data.source='pretokenized' is invalid for pretokenize: name the text source "
