@@ -141,6 +141,10 @@ def test_parquet_source_refusals(tmp_path):
   cfg.paths = str(tmp_path / 'none*.parquet')
   with pytest.raises(ConfigError, match='matches no .parquet file'):
     sources.make_source(cfg, 'train')
+  pq.write_table(pa.table({'text': pa.array([], pa.string())}), tmp_path / 'empty.parquet')
+  cfg.paths, cfg.text_field = str(tmp_path / 'empty.parquet'), 'text'
+  with pytest.raises(sources.DataError, match='hold no rows'):
+    sources.make_source(cfg, 'train')
   (tmp_path / 'broken.parquet').write_bytes(b'PAR1 garbage')
   cfg.paths = str(tmp_path / 'broken.parquet')
   with pytest.raises(sources.DataError, match='broken.parquet: not a readable parquet file'):

@@ -48,17 +48,18 @@ class ParquetSource:
     self.paths_spec, self.split, self.text_field = str(paths), split, text_field
     self.eval_fraction = float(eval_fraction)
     self.files = sources.resolve_paths(paths, PARQUET_SUFFIXES)
-    rows, identities = [], []
+    rows, identities = [], []  # rows: [file index, row group, row in group] per block of rows.
     for file_index, (path, identity) in enumerate(self.files):
       base = 0  # Row number within the file: the identity does not depend on how rows are grouped.
       for group, count in enumerate(_row_groups(path, text_field)):
-        rows.extend((file_index, group, i) for i in range(count))
+        in_group = np.arange(count, dtype=np.int64)
+        rows.append(np.stack([np.full(count, file_index), np.full(count, group), in_group], axis=1))
         identities.extend(f'{identity}:{base + i}' for i in range(count))
         base += count
-    if not rows:
+    if not identities:
       raise sources.DataError(f'config.data.paths={paths!r}: the parquet files hold no rows')
     keep = sources.split_by_hash(identities, self.eval_fraction, split)
-    self._index = np.asarray(rows, dtype=np.int64).reshape(-1, 3)[keep]
+    self._index = np.concatenate(rows)[keep]
     self._cache = collections.OrderedDict()
 
   def __len__(self):
