@@ -67,18 +67,22 @@ def get_config(arg=None):
 
   # ------------------------------------------------------------------------------------------------ data
   d = c.data = ml_collections.ConfigDict()
-  d.source = 'builtin'  # 'builtin' (this Python's standard library sources) | 'files' | 'tfds'.
-  d.paths = ''  # 'files': comma-separated files, directories or globs of .txt / .jsonl (.gz allowed).
-  d.text_field = 'text'  # Field holding the document text in JSONL records and TFDS examples.
+  # 'builtin' (this Python's standard library sources) | 'files' | 'tfds' | 'parquet' | 'pretokenized'
+  # (a directory written by `python -m hybrid_jax pretokenize`).
+  d.source = 'builtin'
+  # 'files': comma-separated files, directories or globs of .txt / .jsonl (.gz allowed); 'parquet': the same of
+  # .parquet files; 'pretokenized': the directory `pretokenize` wrote.
+  d.paths = ''
+  d.text_field = 'text'  # Field holding the document text in JSONL records, TFDS examples and parquet columns.
   d.tfds_name = ''  # 'tfds': dataset name, e.g. 'c4/en:3.1.0' or 'hybrid_jax_local_files'.
   d.tfds_data_dir = ''  # 'tfds': data_dir (local path or gs://...); '' = the TFDS default.
   d.tfds_train_split = 'train'  # 'tfds': split read for training.
   d.tfds_eval_split = 'validation'  # 'tfds': split read for held-out evaluation.
-  d.tokenizer = 'byte'  # 'byte' or the path of a SentencePiece .model file.
+  d.tokenizer = 'byte'  # 'byte', a Hugging Face tokenizer.json path, or a SentencePiece .model path.
   d.seq_len = 512  # Tokens per training sequence.
   d.long_short_ratio = 1.0  # Long:short document mixing weight (the study: 1:1). 0 = no mixing, source order.
   d.long_doc_min_tokens = 0  # A document is 'long' from this many tokens; 0 = seq_len.
-  d.eval_fraction = 0.02  # 'builtin' / 'files': fraction of documents held out for evaluation (stable by hash).
+  d.eval_fraction = 0.02  # 'builtin' / 'files' / 'parquet': fraction of documents held out (stable by hash).
   d.shuffle = True  # Shuffle documents each epoch (seeded).
   d.worker_count = 0  # grain worker processes (0 = in the main process).
 

@@ -139,6 +139,7 @@ RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data
                 'plan': 'hybrid_jax.study.plan:main', 'collect': 'hybrid_jax.study.collect:main',
                 'study': 'hybrid_jax.study.mini:main'}
 RAW_COMMANDS['hf'] = 'hybrid_jax.hf.cli:main'  # hf export | hf import (transformers checkpoints)
+RAW_COMMANDS['pretokenize'] = 'hybrid_jax.data.pretokenized:main'  # tokenize a corpus once into ArrayRecord shards
 
 
 def _usage() -> str:

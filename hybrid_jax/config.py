@@ -20,7 +20,7 @@ RECURRENT_SHAPE_FIELDS = {
 }
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 SCHEDULES = ('wsd', 'cosine', 'constant')
-SOURCES = ('builtin', 'files', 'tfds')
+SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized')
 DTYPES = ('float32', 'bfloat16', 'float16')
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
 
@@ -167,8 +167,10 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
   d = c.data
   _choice(c, 'data.source', SOURCES)
-  if d.source == 'files' and not d.paths:
-    _fail('data.paths', d.paths, "must name files, directories or globs when data.source='files'")
+  if d.source in ('files', 'parquet') and not d.paths:
+    _fail('data.paths', d.paths, f"must name files, directories or globs when data.source={d.source!r}")
+  if d.source == 'pretokenized' and not d.paths:
+    _fail('data.paths', d.paths, "must name a directory written by `pretokenize` when data.source='pretokenized'")
   if d.source == 'tfds' and not d.tfds_name:
     _fail('data.tfds_name', d.tfds_name, "must name a TFDS dataset when data.source='tfds'")
   _nonneg_number(c, 'data.long_short_ratio')

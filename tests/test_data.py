@@ -335,16 +335,20 @@ def test_mixing_falls_back_when_one_side_is_empty(corpus, caplog):
   assert batches[0]['inputs'].shape == (4, 64)
 
 
+def assert_resumes_exactly(config, before: int, after: int = 3):
+  """A fresh pipeline given the iterator state after `before` batches yields the next `after` batches exactly."""
+  it = iter(pipeline.make_train_dataset(config))
+  take(it, before)
+  state = it.get_state()
+  expected = take(it, after)
+  restored = iter(pipeline.make_train_dataset(config))
+  restored.set_state(state)
+  assert_batches_equal(take(restored, after), expected)
+
+
 @pytest.mark.parametrize('source', ['builtin', 'files'])
 def test_checkpoint_restore_exact(corpus, source):
-  c = make_config(source=source, paths=str(corpus))
-  it = iter(pipeline.make_train_dataset(c))
-  take(it, 5)
-  state = it.get_state()
-  expected = take(it, 3)
-  restored = iter(pipeline.make_train_dataset(c))
-  restored.set_state(state)
-  assert_batches_equal(take(restored, 3), expected)
+  assert_resumes_exactly(make_config(source=source, paths=str(corpus)), 5)
 
 
 def test_orbax_checkpoint_restore(tmp_path):

@@ -6,7 +6,8 @@ Benchmarks are programs, never timed tests: timings depend on the machine and ar
 import importlib
 
 BENCHMARKS = {'attention': 'hybrid_jax.bench.attention', 'scan': 'hybrid_jax.bench.scan',
-              'decode': 'hybrid_jax.bench.decode', 'step': 'hybrid_jax.bench.step'}
+              'decode': 'hybrid_jax.bench.decode', 'step': 'hybrid_jax.bench.step',
+              'data': 'hybrid_jax.bench.data'}
 
 
 def main(argv) -> int:

@@ -27,13 +27,16 @@ _MIX_PROBE_DOCS = 1000
 
 
 class _Tokenize:
-  """text -> int32 tokens with EOS appended (EOS separates documents once they are packed)."""
+  """A document -> int32 tokens with EOS appended (EOS separates documents once they are packed).
+
+  A document is text, or already tokens (a pretokenized source), which then only get the EOS.
+  """
 
   def __init__(self, tokenizer):
     self.tokenizer = tokenizer
 
-  def __call__(self, text: str) -> np.ndarray:
-    ids = self.tokenizer.encode(text)
+  def __call__(self, document: str | np.ndarray) -> np.ndarray:
+    ids = document if isinstance(document, np.ndarray) else self.tokenizer.encode(document)
     out = np.empty(len(ids) + 1, dtype=np.int32)
     out[:-1] = ids
     out[-1] = self.tokenizer.eos_id
@@ -79,7 +82,15 @@ def _pack_and_batch(docs: grain.IterDataset, seq_len: int, batch_size: int) -> g
   return rows.batch(batch_size, drop_remainder=True).map(_inputs_targets)
 
 
-def _checked_tokenizer(config):
+def in_worker_processes(dataset: grain.IterDataset, workers: int) -> grain.IterDataset:
+  """`dataset` computed by `workers` grain processes, in the same order."""
+  if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside an absl app use their defaults.
+    flags.FLAGS.mark_as_parsed()
+  return dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+
+
+def checked_tokenizer(config):
+  """The run's tokenizer; ConfigError naming both sizes when model.vocab_size cannot hold its ids."""
   tokenizer = tokenizers.get_tokenizer(config.data.tokenizer)
   if config.model.vocab_size < tokenizer.vocab_size:
     raise ConfigError(f'config.model.vocab_size={config.model.vocab_size} is invalid: must be >= the vocabulary of '
@@ -137,7 +148,7 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
   if config.train.batch_size % process_count:
     raise ConfigError(f'config.train.batch_size={config.train.batch_size} is invalid: must be divisible by the '
                       f'process count {process_count}')
-  tokenizer = _checked_tokenizer(config)
+  tokenizer = checked_tokenizer(config)
   source = sources_lib.make_source(d, 'train')
   docs = grain.MapDataset.source(source)[process_index::process_count]
   if not len(docs):
@@ -149,9 +160,7 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
   stream = _mixed_stream(tokens, len(docs), d)
   batches = _pack_and_batch(stream, int(d.seq_len), config.train.batch_size // process_count)
   if d.worker_count > 0:
-    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside an absl app use their defaults.
-      flags.FLAGS.mark_as_parsed()
-    batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(d.worker_count)))
+    batches = in_worker_processes(batches, int(d.worker_count))
   # Splitting by length filters out most documents of one stream by design; grain would warn about that.
   options = grain.experimental.DatasetOptions(filter_warn_threshold_ratio=None)
   return grain.experimental.WithOptionsIterDataset(batches, options)
@@ -167,7 +176,7 @@ def make_eval_batches(config, num_batches: int) -> list[dict]:
   d = config.data
   if num_batches <= 0:
     raise ValueError(f'num_batches={num_batches} is invalid: must be positive')
-  tokenizer = _checked_tokenizer(config)
+  tokenizer = checked_tokenizer(config)
   source = sources_lib.make_source(d, 'eval')
   docs = grain.MapDataset.source(source).shuffle(seed=int(config.seed))
   tokens = docs.map(_Tokenize(tokenizer)).filter(_LengthFilter(0, None))
@@ -206,11 +215,11 @@ def held_out_documents(config, min_tokens: int, count: int) -> HeldOutDocuments:
   """
   if min_tokens <= 0 or count <= 0:
     raise ValueError(f'min_tokens={min_tokens} and count={count} must be positive')
-  tokenizer = _checked_tokenizer(config)
+  tokenizer = checked_tokenizer(config)
   source = sources_lib.make_source(config.data, 'eval')
   ids, rows = [], []
   for index in np.random.default_rng(int(config.seed)).permutation(len(source)):
-    tokens = tokenizer.encode(source[int(index)])
+    tokens = _Tokenize(tokenizer)(source[int(index)])[:-1]
     if len(tokens) >= min_tokens:
       ids.append(int(index))
       rows.append(np.concatenate([[tokenizer.eos_id], tokens[:min_tokens]]).astype(np.int32))

@@ -1,5 +1,8 @@
 """Random-access document sources (`len`, `[i] -> str`) for grain: built-in corpus, local files and TFDS.
 
+`make_source` also opens parquet shards (`parquet.py`) and pre-tokenized directories (`pretokenized.py`, whose
+documents are token arrays instead of text).
+
 Sources hold an index (paths, byte offsets), never the text, so they stay small when grain pickles them into worker
 processes, and their `repr` is deterministic because grain records it next to iterator state. 'builtin' and 'files'
 split train/eval by a stable hash of each document's identity (relative path, plus line number for JSONL), so the
@@ -144,16 +147,14 @@ def _has_glob(spec: str) -> bool:
   return any(c in spec for c in '*?[')
 
 
-def _supported(path: str) -> bool:
-  return path.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES)
-
-
-def resolve_paths(paths: str) -> list[tuple[str, str]]:
-  """(absolute path, identity) of every .txt/.jsonl(.gz) file named by comma-separated files, dirs or globs.
+def resolve_paths(paths: str, suffixes: tuple[str, ...] = TEXT_SUFFIXES + JSONL_SUFFIXES) -> list[tuple[str, str]]:
+  """(absolute path, identity) of every file ending in one of `suffixes` named by comma-separated files, dirs or
+  globs (default: the 'files' source's .txt/.jsonl(.gz)).
 
   The identity is the path relative to the named directory (or the file name for files and glob matches), so the
   train/eval split does not change when the corpus moves.
   """
+  kinds = '/'.join(suffixes)
   specs = [s.strip() for s in str(paths).split(',') if s.strip()]
   if not specs:
     raise ConfigError(f'config.data.paths={paths!r} is invalid: names no file, directory or glob')
@@ -161,9 +162,9 @@ def resolve_paths(paths: str) -> list[tuple[str, str]]:
   for spec in specs:
     spec_path = os.path.expanduser(spec)
     if _has_glob(spec_path):
-      matches = sorted(m for m in glob.glob(spec_path, recursive=True) if os.path.isfile(m) and _supported(m))
+      matches = sorted(m for m in glob.glob(spec_path, recursive=True) if os.path.isfile(m) and m.endswith(suffixes))
       if not matches:
-        raise ConfigError(f'config.data.paths: glob {spec!r} matches no .txt/.jsonl(.gz) file')
+        raise ConfigError(f'config.data.paths: glob {spec!r} matches no {kinds} file')
       entries = [(m, os.path.basename(m)) for m in matches]
     elif os.path.isdir(spec_path):
       entries = []
@@ -171,13 +172,13 @@ def resolve_paths(paths: str) -> list[tuple[str, str]]:
         subdirs.sort()
         for name in sorted(files):
           full = os.path.join(directory, name)
-          if _supported(full):
+          if full.endswith(suffixes):
             entries.append((full, os.path.relpath(full, spec_path).replace(os.sep, '/')))
       if not entries:
-        raise ConfigError(f'config.data.paths: directory {spec!r} holds no .txt/.jsonl(.gz) file')
+        raise ConfigError(f'config.data.paths: directory {spec!r} holds no {kinds} file')
     elif os.path.isfile(spec_path):
-      if not _supported(spec_path):
-        raise ConfigError(f'config.data.paths: {spec!r} is not a .txt, .jsonl, .txt.gz or .jsonl.gz file')
+      if not spec_path.endswith(suffixes):
+        raise ConfigError(f'config.data.paths: {spec!r} is not a {kinds} file')
       entries = [(spec_path, os.path.basename(spec_path))]
     else:
       raise ConfigError(f'config.data.paths: {spec!r} does not exist')
@@ -341,4 +342,10 @@ def make_source(data_cfg, split: str):
       raise ConfigError("config.data.tfds_name='' is invalid: must name a TFDS dataset when data.source='tfds'")
     tfds_split = data_cfg.tfds_train_split if split == 'train' else data_cfg.tfds_eval_split
     return TfdsSource(data_cfg.tfds_name, tfds_split, data_cfg.tfds_data_dir, data_cfg.text_field)
-  raise ConfigError(f"config.data.source={kind!r} is invalid: allowed: builtin, files, tfds")
+  if kind == 'parquet':
+    from hybrid_jax.data import parquet  # pylint: disable=g-import-not-at-top
+    return parquet.ParquetSource(data_cfg.paths, split, data_cfg.eval_fraction, data_cfg.text_field)
+  if kind == 'pretokenized':
+    from hybrid_jax.data import pretokenized  # pylint: disable=g-import-not-at-top
+    return pretokenized.PretokenizedSource(data_cfg.paths, split, data_cfg.tokenizer)
+  raise ConfigError(f"config.data.source={kind!r} is invalid: allowed: builtin, files, tfds, parquet, pretokenized")

@@ -1,9 +1,11 @@
-"""Tokenizers: a dependency-free byte tokenizer (the default) and SentencePiece models for real runs.
+"""Tokenizers: a dependency-free byte tokenizer (the default), SentencePiece models and Hugging Face `tokenizer.json`.
 
-Both return int32 numpy arrays without EOS; the pipeline appends `eos_id` to each document itself, so every
-tokenizer separates packed documents the same way.
+All return int32 numpy arrays without special tokens; the pipeline appends `eos_id` to each document itself, so
+every tokenizer separates packed documents the same way.
 """
 
+import hashlib
+import json
 import os
 from typing import Protocol, Sequence
 
@@ -15,6 +17,7 @@ from hybrid_jax.config import ConfigError
 class Tokenizer(Protocol):
   vocab_size: int
   eos_id: int
+  bos_id: int | None  # None when the tokenizer has no BOS token.
 
   def encode(self, text: str) -> np.ndarray:
     ...
@@ -32,6 +35,7 @@ class ByteTokenizer:
 
   vocab_size = 257
   eos_id = 256
+  bos_id = None
 
   def encode(self, text: str) -> np.ndarray:
     # `surrogatepass` keeps lone surrogates (possible in JSON input) encodable instead of raising.
@@ -70,6 +74,7 @@ class SentencePieceTokenizer:
     self._proto = proto
     self.vocab_size = int(self._sp.get_piece_size())
     self.eos_id = int(self._sp.eos_id())
+    self.bos_id = int(self._sp.bos_id()) if self._sp.bos_id() >= 0 else None
     if self.eos_id < 0:
       raise ConfigError(f'config.data.tokenizer={path!r} is invalid: the SentencePiece model defines no EOS id '
                         '(train it with eos_id >= 0)')
@@ -95,15 +100,118 @@ class SentencePieceTokenizer:
     self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
     self.vocab_size = int(self._sp.get_piece_size())
     self.eos_id = int(self._sp.eos_id())
+    self.bos_id = int(self._sp.bos_id()) if self._sp.bos_id() >= 0 else None
 
   def __repr__(self):
     return f'SentencePieceTokenizer({self.path!r})'
 
 
+# Special-token names tried, in order, when neither tokenizer_config.json nor the post-processor names EOS / BOS.
+_EOS_NAMES = ('</s>', '<|endoftext|>', '<|end_of_text|>', '<eos>', '<|eos|>', '[EOS]')
+_BOS_NAMES = ('<s>', '<|begin_of_text|>', '<bos>', '<|bos|>', '[BOS]')
+
+
+def _token_content(value) -> str | None:
+  """tokenizer_config.json writes a special token as a string or as {'content': ...}."""
+  if isinstance(value, dict):
+    value = value.get('content')
+  return value if isinstance(value, str) and value else None
+
+
+def _template_specials(processor) -> tuple[str | None, str | None]:
+  """(BOS, EOS) of a TemplateProcessing post-processor: the special tokens before and after the sequence $A."""
+  if not isinstance(processor, dict):
+    return None, None
+  if processor.get('type') == 'Sequence':
+    found = [_template_specials(p) for p in processor.get('processors', [])]
+    return (next((b for b, _ in found if b), None), next((e for _, e in found if e), None))
+  if processor.get('type') != 'TemplateProcessing':
+    return None, None
+  items = processor.get('single', [])
+  at = next((i for i, item in enumerate(items) if 'Sequence' in item), None)
+  if at is None:
+    return None, None
+  before = [item['SpecialToken']['id'] for item in items[:at] if 'SpecialToken' in item]
+  after = [item['SpecialToken']['id'] for item in items[at + 1:] if 'SpecialToken' in item]
+  return (before[-1] if before else None), (after[0] if after else None)
+
+
+class HFTokenizer:
+  """A Hugging Face `tokenizer.json` (the `tokenizers` library); character offsets come from the library.
+
+  EOS and BOS are read from the files: `tokenizer_config.json` beside it (eos_token / bos_token) when present, else
+  the post-processor's template ('<s> $A </s>'), else a special token with a usual name ('</s>', '<|endoftext|>').
+  """
+
+  def __init__(self, path: str):
+    import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
+    if not os.path.isfile(path):
+      raise ConfigError(f'config.data.tokenizer={path!r} is invalid: no such tokenizer.json file')
+    self.path = path
+    with open(path, 'rb') as f:
+      self._json = f.read()
+    try:
+      self._tok = hf_tokenizers.Tokenizer.from_str(self._json.decode('utf-8'))
+    except Exception as e:  # The Rust library raises its own Exception type for any parse failure.
+      raise ConfigError(f'config.data.tokenizer={path!r} is invalid: not a readable Hugging Face tokenizer.json '
+                        f'({e})') from e
+    vocab = self._tok.get_vocab(with_added_tokens=True)
+    self.vocab_size = max(vocab.values()) + 1  # Ids need not be dense; every id must fit the embedding.
+    bos, eos = self._special_names(json.loads(self._json))
+    specials = sorted(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
+    if eos is None or self._tok.token_to_id(eos) is None:
+      raise ConfigError(f'config.data.tokenizer={path!r} is invalid: no EOS token found (looked for eos_token in '
+                        f'tokenizer_config.json, a post-processor template "$A <eos>", and the names '
+                        f'{", ".join(_EOS_NAMES)}); its special tokens are {specials}')
+    self.eos_id = int(self._tok.token_to_id(eos))
+    self.bos_id = None if bos is None or self._tok.token_to_id(bos) is None else int(self._tok.token_to_id(bos))
+
+  def _special_names(self, spec: dict) -> tuple[str | None, str | None]:
+    sibling = os.path.join(os.path.dirname(self.path), 'tokenizer_config.json')
+    if os.path.isfile(sibling):
+      with open(sibling, encoding='utf-8') as f:
+        cfg = json.load(f)
+      bos, eos = _token_content(cfg.get('bos_token')), _token_content(cfg.get('eos_token'))
+      if eos:
+        return bos, eos
+    bos, eos = _template_specials(spec.get('post_processor'))
+    names = {t.get('content') for t in spec.get('added_tokens', []) if t.get('special')}
+    bos = bos or next((n for n in _BOS_NAMES if n in names), None)
+    eos = eos or next((n for n in _EOS_NAMES if n in names), None)
+    return bos, eos
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+  def decode(self, ids) -> str:
+    ids = [int(i) for i in np.asarray(ids).reshape(-1) if 0 <= int(i) < self.vocab_size]
+    return self._tok.decode(ids, skip_special_tokens=True)
+
+  def encode_with_offsets(self, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The library's offsets, in characters of `text` (byte-level pieces of one character share its offsets)."""
+    encoding = self._tok.encode(text, add_special_tokens=False)
+    return np.asarray(encoding.ids, np.int32), [(int(a), int(b)) for a, b in encoding.offsets]
+
+  def __repr__(self):
+    return f'HFTokenizer({self.path!r})'
+
+
 def get_tokenizer(spec: str) -> Tokenizer:
-  """'byte' -> ByteTokenizer; anything else is the path of a SentencePiece `.model` file."""
+  """'byte' -> ByteTokenizer; a path ending in '.json' -> HFTokenizer; else a SentencePiece `.model` file."""
   if not isinstance(spec, str) or not spec:
-    raise ConfigError(f"config.data.tokenizer={spec!r} is invalid: use 'byte' or a SentencePiece .model path")
+    raise ConfigError(f"config.data.tokenizer={spec!r} is invalid: use 'byte', a Hugging Face tokenizer.json path "
+                      'or a SentencePiece .model path')
   if spec == 'byte':
     return ByteTokenizer()
+  if spec.endswith('.json'):
+    return HFTokenizer(spec)
   return SentencePieceTokenizer(spec)
+
+
+def fingerprint(spec: str) -> str:
+  """Identifies a tokenizer by content: 'byte', or 'blake2b:<hex>' of its file (the same file under any path)."""
+  if spec == 'byte':
+    return 'byte'
+  get_tokenizer(spec)  # Refuses a missing or unreadable file with the usual message.
+  with open(spec, 'rb') as f:
+    return 'blake2b:' + hashlib.blake2b(f.read(), digest_size=16).hexdigest()
