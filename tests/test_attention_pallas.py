@@ -220,10 +220,11 @@ def test_gpu_grid_sinks_dtypes(window, sinks, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('d,blocks', config.all_gpu_blocks(), ids=str)
-def test_gpu_every_table_config(d, blocks):
-  check(pallas_gpu.attention, 300, 100, 4, 1, d, 3, blocks=blocks, interpret=True)
-  check(pallas_gpu.attention, 300, None, 2, 2, d, 0, jnp.bfloat16, blocks=blocks, interpret=True)
+@pytest.mark.parametrize('d,itemsize,blocks', config.all_gpu_blocks(itemsizes=(2, 4)), ids=str)
+def test_gpu_every_table_config(d, itemsize, blocks):
+  dtype = {2: jnp.bfloat16, 4: jnp.float32}[itemsize]
+  check(pallas_gpu.attention, 300, 100, 4, 1, d, 3, dtype, blocks=blocks, interpret=True)
+  check(pallas_gpu.attention, 300, None, 2, 2, d, 0, dtype, blocks=blocks, interpret=True)
 
 
 @pytest.mark.slow

@@ -102,3 +102,11 @@ def test_train_loop_logs_model_tflops_and_mfu(tmp_path):
     assert r['mfu'] == pytest.approx(r['tflops_per_device'] / 0.5)
   assert result['training_flops_per_token'] == pytest.approx(per_step / (c.train.batch_size * c.data.seq_len))
   assert result['mfu'] == pytest.approx(result['tflops_per_device'] / 0.5)
+
+
+def test_xla_flop_count_missing_is_none_not_zero():
+  # The GPU backend's cost analysis of a step of custom calls has no count (absent or 0): report none, not "0.00 x".
+  assert bench_step.xla_flops({}) is None
+  assert bench_step.xla_flops({'flops': 0.0}) is None
+  assert bench_step.xla_flops({'flops': float('nan')}) is None
+  assert bench_step.xla_flops({'flops': 3e12}) == 3e12

@@ -78,3 +78,53 @@ def test_decode_bench_reports_the_state_it_decodes_with(tmp_path, monkeypatch):
   model_def, params = state_lib.init_model(small_config('full').model, 0)
   state = jax.eval_shape(lambda p: model_def.bind(p).init_decode_state(1, 32 + 2), params)
   assert row['state_mib'] * 2**20 == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def test_a_measurement_past_its_timeout_becomes_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
+  import time  # pylint: disable=import-outside-toplevel
+  real = bench_scan.KERNELS['linear_scan']
+
+  def stuck_reference(*args, implementation=None, **kwargs):
+    if implementation == 'reference':
+      time.sleep(30)  # Interrupted by the 0.5 s limit; never reached in a passing run.
+    return real(*args, implementation=implementation, **kwargs)
+
+  monkeypatch.setitem(bench_scan.KERNELS, 'linear_scan', stuck_reference)
+  out = tmp_path / 'scan.json'
+  code = bench_scan.main(['--seq-lens', '16', '--kernels', 'linear_scan', '--impls', 'reference,xla',
+                          '--baseline', 'xla', '--batch', '1', '--heads', '1', '--head-dim', '8', '--chunk-size', '16',
+                          '--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--no-bwd', '--timeout', '0.5',
+                          '--json', str(out)])
+  assert code == 1
+  stuck, fine = json.loads(out.read_text())['rows']
+  assert stuck['impl'] == 'reference' and stuck['timed_out'] and 'timed out after 0.5 s' in stuck['error']
+  assert stuck['wall_s'] < 30
+  assert fine['impl'] == 'xla' and 'error' not in fine and fine['fwd_ms'] > 0 and fine['fwd_compile_s'] > 0
+
+
+@pytest.mark.parametrize('bench', ['attention', 'scan'])
+def test_each_row_is_written_the_moment_it_is_measured(tmp_path, monkeypatch, bench):
+  out = tmp_path / 'out.json'
+  seen = []  # What the JSON held when each later measurement started.
+  if bench == 'attention':
+    real = bench_attention.attention
+
+    def spy(*args, **kwargs):
+      seen.append(len(json.loads(out.read_text())['rows']) if out.exists() else 0)
+      return real(*args, **kwargs)
+    monkeypatch.setattr(bench_attention, 'attention', spy)
+    argv = ['--seq-lens', '16,32', '--windows', 'full', '--heads', '1', '--head-dim', '8', '--impls', 'xla']
+    main = bench_attention.main
+  else:
+    real = bench_scan.KERNELS['linear_scan']
+
+    def spy(*args, **kwargs):
+      seen.append(len(json.loads(out.read_text())['rows']) if out.exists() else 0)
+      return real(*args, **kwargs)
+    monkeypatch.setitem(bench_scan.KERNELS, 'linear_scan', spy)
+    argv = ['--seq-lens', '16,32', '--kernels', 'linear_scan', '--impls', 'xla', '--baseline', 'xla', '--batch',
+            '1', '--heads', '1', '--head-dim', '8', '--chunk-size', '16', '--no-bwd']
+    main = bench_scan.main
+  assert main(argv + ['--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--json', str(out)]) == 0
+  # Tracing the second T's measurement happens after the first row was written.
+  assert seen[0] == 0 and seen[-1] == 1

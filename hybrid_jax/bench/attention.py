@@ -13,7 +13,6 @@ the anchor shapes of docs/BENCHMARKING.md: bf16, 16 heads of 128, 32,768 tokens 
 
 import argparse
 import datetime
-import json
 import sys
 
 import jax
@@ -52,7 +51,11 @@ def _parse(argv):
   p.add_argument('--impls', help='comma-separated implementations (default xla CPU, pallas_gpu,cudnn,xla GPU)')
   p.add_argument('--repeats', type=int,
                  help='fewest timed runs per measurement (more until 1 s); median reported (default 5 CPU, 20 else)')
-  p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file')
+  p.add_argument('--timeout', type=float, default=120.0,
+                 help='seconds per measurement (one implementation, T and window; compile included): past it the '
+                 'row records the timeout and the sweep goes on (0: no limit)')
+  p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file (rewritten '
+                 'after every row)')
   args = p.parse_args(argv)
   explicit = args.batch is not None, args.tokens is not None
   for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():
@@ -109,17 +112,16 @@ def measure(t, window, impl, args):
   io = dtype.itemsize * batch * t * args.head_dim * (2 * args.heads + 2 * args.kv_heads)
   row = dict(impl=impl, T=t, window=window, batch=batch, heads=args.heads, kv_heads=args.kv_heads,
              head_dim=args.head_dim, dtype=args.dtype, pairs=pairs, fwd_flops=flops, fwd_bwd_flops=3.5 * flops)
-  try:
+
+  def run(row):
     row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (q, k, v), args.repeats, args.min_seconds)
+    row['fwd_tflops'] = flops / row['fwd_ms'] / 1e9
+    row['fwd_gbs'] = io / row['fwd_ms'] / 1e6
     row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (q, k, v, do), args.repeats, args.min_seconds)
-  except Exception as e:  # pylint: disable=broad-except  # One failing config must not end the sweep.
-    row.update(timing.failure(e))
-    return row
-  row['fwd_tflops'] = flops / row['fwd_ms'] / 1e9
-  row['fwd_bwd_tflops'] = 3.5 * flops / row['fwd_bwd_ms'] / 1e9
-  row['fwd_gbs'] = io / row['fwd_ms'] / 1e6
-  row['fwd_bwd_gbs'] = 3 * io / row['fwd_bwd_ms'] / 1e6  # Model: fwd tensors, plus o, do, dq, dk, dv.
-  return row
+    row['fwd_bwd_tflops'] = 3.5 * flops / row['fwd_bwd_ms'] / 1e9
+    row['fwd_bwd_gbs'] = 3 * io / row['fwd_bwd_ms'] / 1e6  # Model: fwd tensors, plus o, do, dq, dk, dv.
+
+  return timing.measured(row, args.timeout, run)
 
 
 def _add_ratios(rows, baselines, ceiling):
@@ -200,15 +202,16 @@ def main(argv=None):
   meta['ceiling'] = ceiling = ceilings(args)
   print(f"  ceilings: {args.dtype} GEMM {ceiling['gemm_n']}^3 {ceiling['gemm_tflops']:.1f} TF/s, "
         f"copy {ceiling['copy_gbs']:.0f} GB/s", flush=True)
-  rows = []
+  report = timing.Report(args.json, meta)
   for impl in args.impls:
     for window in args.windows:
       for t in args.seq_lens:
-        rows.append(measure(t, window, impl, args))
-        r = rows[-1]
+        r = measure(t, window, impl, args)
         result = (timing.headline(r['error']) if 'error' in r
-                  else f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms")
-        print(f"  {impl} T={t} window={window or 'full'}: {result}", flush=True)
+                  else f"fwd {r['fwd_ms']:.2f} ms (compile {r['fwd_compile_s']:.1f} s), fwd+bwd "
+                  f"{r['fwd_bwd_ms']:.2f} ms (compile {r['fwd_bwd_compile_s']:.1f} s)")
+        report.add(r, f"  {impl} T={t} window={window or 'full'}: {result}")
+  rows = report.rows()
   baselines = [a for a in _ANCHORS if a in args.impls] or args.impls[:1]
   _add_ratios(rows, baselines, ceiling)
   print(_table(rows, baselines))
@@ -217,9 +220,8 @@ def main(argv=None):
   if {'pallas_gpu', 'cudnn'} <= set(args.impls):
     meta['suggested_gpu_table'] = {str(k): v for k, v in suggested_gpu_table(rows).items()}
     print(f"suggested _GPU_BY_WINDOW (faster fwd+bwd per window bucket): {meta['suggested_gpu_table']}")
+  report.write()
   if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f'wrote {args.json}')
   failed = [r for r in rows if 'error' in r]
   if failed:

@@ -70,7 +70,13 @@ def _parse(argv):
   p.add_argument('--fla', action='store_true', help='also time fla (needs fla-core, torch and a CUDA GPU)')
   p.add_argument('--parity', action='store_true', help='check values and gradients on this device first')
   p.add_argument('--parity-only', action='store_true', help='run the parity checks and no timings')
-  p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file')
+  p.add_argument('--timeout', type=float, default=120.0,
+                 help='seconds per measurement (each implementation and fla kernel at each T; compile included) '
+                 'and per parity case; past it the row records the timeout and the run goes on (0: no limit)')
+  p.add_argument('--parity-budget', type=float, default=55.0,
+                 help='seconds for all parity cases: cases not started by then are recorded as skipped')
+  p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file (rewritten '
+                 'after every row)')
   args = p.parse_args(argv)
   for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():
     if getattr(args, key) is None:
@@ -126,33 +132,34 @@ def measure(kernel, t, impl, args):
     (_, s), vjp = jax.vjp(fwd, *xs)
     return vjp((do, jnp.zeros_like(s)))
 
-  row = _row(kernel, impl, t, args)
-  try:
+  def run(row):
     row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, xs, args.repeats, args.min_seconds)
     if not args.no_bwd:
       row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (xs, do), args.repeats, args.min_seconds)
-  except Exception as e:  # pylint: disable=broad-except  # One failing config must not end the sweep.
-    row.update(timing.failure(e))
-  return row
+
+  return timing.measured(_row(kernel, impl, t, args), args.timeout, run)
 
 
 def _torch_ms(fn, repeats, min_seconds):
+  """(first call seconds: Triton compiles there, median ms after it)."""
   import torch  # pylint: disable=import-outside-toplevel
+  start = time.perf_counter()
   fn()
   torch.cuda.synchronize()
+  first_s = time.perf_counter() - start
   times = []
   while len(times) < repeats or (sum(times) < min_seconds and len(times) < 1000):
     start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     times.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(times)
+  return first_s, 1e3 * statistics.median(times)
 
 
 def measure_fla(kernel, name, t, args):
   """fla's PyTorch/Triton kernel on the same shapes (fresh torch inputs of the same distribution)."""
-  row = _row(kernel, f'fla:{name}', t, args)
-  try:
+
+  def run(row):
     import torch  # pylint: disable=import-outside-toplevel
     import fla.ops.common.chunk_o as chunk_o  # pylint: disable=import-outside-toplevel
     from fla import ops  # pylint: disable=import-outside-toplevel
@@ -177,15 +184,14 @@ def measure_fla(kernel, name, t, args):
       beta.requires_grad_()
       leaves += [g, beta]
       call = lambda: ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, scale=d**-0.5)[0]
-    with torch.no_grad():
-      row['fwd_ms'] = _torch_ms(call, args.repeats, args.min_seconds)
-    if not args.no_bwd:
-      row['fwd_bwd_ms'] = _torch_ms(lambda: torch.autograd.grad(call(), leaves, do), args.repeats,
-                                    args.min_seconds)
     row['note'] = FLA_NOTE
-  except Exception as e:  # pylint: disable=broad-except
-    row.update(timing.failure(e))
-  return row
+    with torch.no_grad():
+      row['fwd_compile_s'], row['fwd_ms'] = _torch_ms(call, args.repeats, args.min_seconds)
+    if not args.no_bwd:
+      row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = _torch_ms(lambda: torch.autograd.grad(call(), leaves, do),
+                                                              args.repeats, args.min_seconds)
+
+  return timing.measured(_row(kernel, f'fla:{name}', t, args), args.timeout, run)
 
 
 def add_ratios(rows, baseline, ceiling):
@@ -301,33 +307,46 @@ def parity_case(kernel, impl, t, d, chunk, dtype, seed=0):
               seconds=round(seconds, 3), **{n: float(f'{e:.3g}') for n, e in errs.items()})
 
 
-def parity(args):
-  """The backend's Pallas kernel at T = 1000 (no chunk multiple), GVA 2:4, per kernel: chunk sizes 16, 32 and 64
-  at bf16 / head dim 128, and chunk 64 also at fp32 / 128 and bf16 / 64; plus the automatic choice at bf16."""
-  backend = jax.default_backend()
+def parity_cases(kernels, backend):
+  """Per kernel at T = 1000 (no chunk multiple), GVA 2:4: the default (bf16, head dim 128, chunk 64), float32 at
+  head dim 128 (its chunk falls back to fit shared memory), bf16 at head dim 64 and chunk 16, and the automatic
+  choice. Sized to finish within a minute on an H200 (compile-bound: about 35 s measured for these shapes)."""
   impl = {'gpu': 'pallas_gpu', 'tpu': 'pallas_tpu'}.get(backend, 'pallas_gpu')
   bf16, f32 = jnp.dtype('bfloat16'), jnp.dtype('float32')
   cases = []
-  for kernel in args.kernels:
+  for kernel in kernels:
     if backend == 'cpu':  # Interpret mode: a smoke run only.
       cases += [(kernel, impl, 40, 16, 16, f32), (kernel, impl, 40, 16, 16, bf16)]
       continue
-    cases += [(kernel, impl, 1000, 128, chunk, bf16) for chunk in (16, 32, 64)]
-    cases += [(kernel, impl, 1000, 128, 64, f32), (kernel, impl, 1000, 64, 64, bf16),
-              (kernel, None, 1000, 128, 64, bf16)]
-  results = []
-  for case in cases:
-    try:
-      r = parity_case(*case)
-    except Exception as e:  # pylint: disable=broad-except  # Record and go on: one case must not hide the others.
-      kernel, impl_, t, d, chunk, dtype = case
-      r = dict(kernel=kernel, impl=str(impl_), T=t, head_dim=d, chunk=chunk, dtype=dtype.name, ok=False,
-               **timing.failure(e))
-    results.append(r)
-    print('parity ' + json.dumps({k: v for k, v in r.items() if k != 'traceback'}), flush=True)
+    cases += [(kernel, impl, 1000, 128, 64, bf16), (kernel, impl, 1000, 128, 64, f32),
+              (kernel, impl, 1000, 64, 16, bf16), (kernel, None, 1000, 128, 64, bf16)]
+  return cases
+
+
+def parity(args, report):
+  """Runs `parity_cases`, each under --timeout, none started after --parity-budget seconds (recorded as skipped);
+  every case is a row of `report` ('parity') the moment it ends."""
+  start = time.perf_counter()
+  for kernel, impl, t, d, chunk, dtype in parity_cases(args.kernels, jax.default_backend()):
+    row = dict(kernel=kernel, impl=str(impl), T=t, head_dim=d, chunk=chunk, dtype=dtype.name, ok=False)
+    if time.perf_counter() - start > args.parity_budget:
+      row['error'] = f'skipped: the parity budget of {args.parity_budget:g} s was spent'
+    else:
+      timing.measured(row, args.timeout, lambda row, c=(kernel, impl, t, d, chunk, dtype): row.update(
+          parity_case(*c)))
+    report.add(row, 'parity ' + json.dumps({k: v for k, v in row.items() if k != 'traceback'}), key='parity')
+  results = report.rows('parity')
   failed = sum(not r['ok'] for r in results)
   print(f'parity: {len(results) - failed}/{len(results)} cases pass', flush=True)
   return results
+
+
+def _line(r):
+  if 'error' in r:
+    return f"  {r['kernel']} {r['impl']} T={r['T']}: {timing.headline(r['error'])}"
+  parts = [f'{k}={r[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in r]
+  parts += [f'{k}={r[k]:.1f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in r]
+  return f"  {r['kernel']} {r['impl']} T={r['T']}: " + ', '.join(parts)
 
 
 def main(argv=None) -> int:
@@ -338,13 +357,11 @@ def main(argv=None) -> int:
   meta = dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), jax=jax.__version__,
               backend=jax.default_backend(), device=getattr(device, 'device_kind', str(device)),
               args={k: v for k, v in vars(args).items() if k != 'json'})
-  out = dict(meta=meta, rows=[])
+  report = timing.Report(args.json, meta)
   failed = 0
   if args.parity or args.parity_only:
     jax.config.update('jax_default_matmul_precision', 'highest')  # fp32 reference dots must not be TF32.
-    out['parity'] = parity(args)
-    _write(args.json, out)
-    failed = sum(not r['ok'] for r in out['parity'])
+    failed = sum(not r['ok'] for r in parity(args, report))
     jax.config.update('jax_default_matmul_precision', None)
   if not args.parity_only:
     print(f"scan bench: {meta['device']} ({meta['backend']}), jax {jax.__version__}, B={args.batch} "
@@ -352,34 +369,24 @@ def main(argv=None) -> int:
     meta['ceiling'] = ceiling = ceilings(args)
     print(f"  ceilings: {args.dtype} GEMM {ceiling['gemm_n']}^3 {ceiling['gemm_tflops']:.1f} TF/s, "
           f"copy {ceiling['copy_gbs']:.0f} GB/s", flush=True)
-    rows = out['rows']
     for kernel in args.kernels:
       for t in args.seq_lens:
         for impl in args.impls:
-          rows.append(measure(kernel, t, impl, args))
-        if args.fla:
-          rows.extend(measure_fla(kernel, name, t, args) for name in FLA[kernel])
-        for r in rows[-len(args.impls) - (len(FLA[kernel]) if args.fla else 0):]:
-          print(f"  {kernel} {r['impl']} T={t}: " + (timing.headline(r['error']) if 'error' in r else ', '.join(
-              f'{k}={r[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in r)), flush=True)
-        _write(args.json, out)  # Partial results survive a time-boxed run.
+          report.add(r := measure(kernel, t, impl, args), _line(r))
+        for name in FLA[kernel] if args.fla else ():
+          report.add(r := measure_fla(kernel, name, t, args), _line(r))
+    rows = report.rows()
     add_ratios(rows, args.baseline, ceiling)
+    report.write()
     print(table(rows, args.baseline))
     print(f'vs X: X ms / this ms in the same run (above 1: faster than X); vs fla: the first fla kernel listed per '
           f'kernel; growth: fwd+bwd time ratio to the previous T.' + (f' Note: {FLA_NOTE}.' if args.fla else ''))
-  _write(args.json, out)
+    failed += sum('error' in r for r in rows)
   if args.json:
     print(f'wrote {args.json}')
-  failed += sum('error' in r for r in out['rows'])
   if failed:
     print(f'scan bench: {failed} parity cases or measurements failed (whole errors in the JSON)', file=sys.stderr)
   return 1 if failed else 0
-
-
-def _write(path, out):
-  if path:
-    with open(path, 'w') as fh:
-      json.dump(out, fh, indent=1)
 
 
 if __name__ == '__main__':

@@ -110,6 +110,13 @@ def _step_setup(config):
   return model_def, tx, mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
 
 
+def xla_flops(cost: dict):
+  """XLA's FLOP count from a compiled program's cost analysis, or None where the backend reports none (the GPU
+  backend returns 0 or no entry for programs of custom calls and fusions, which is no count at all)."""
+  value = float(cost.get('flops', 0.0) or 0.0)
+  return value if math.isfinite(value) and value > 0 else None
+
+
 def _compile(config, model_def, tx, shardings, state, batch) -> dict:
   """Compiles the train step for (abstract or concrete) state and batch; its compile time, memory and XLA FLOPs."""
   tic = time.perf_counter()
@@ -124,7 +131,7 @@ def _compile(config, model_def, tx, shardings, state, batch) -> dict:
       'compile_s': compile_s,
       'model_flops_per_token': model['training_per_token'],
       'model_flops_per_step': model['training_per_token'] * t.batch_size * seq_len,
-      'xla_flops_per_step_per_device': float(cost.get('flops', math.nan)),
+      'xla_flops_per_step_per_device': xla_flops(cost),
       'memory_bytes_per_device': {
           'arguments': int(mem.argument_size_in_bytes), 'outputs': int(mem.output_size_in_bytes),
           'aliased': int(mem.alias_size_in_bytes), 'temporaries': int(mem.temp_size_in_bytes),
@@ -232,10 +239,14 @@ def report(result) -> str:
         f"{s['tokens_per_s']:,.0f} tokens/s, {s['tflops_per_device']:.4g} model TFLOP/s per device, MFU {mfu}"]
   else:
     lines.append(f"compile {s['compile_s']:.1f} s (compiled from shapes only; nothing ran)")
+  if s['xla_flops_per_step_per_device'] is None:
+    xla = f"XLA reports no FLOP count for the compiled step on {result['meta'].get('backend', 'this backend')}"
+  else:
+    ratio = s['xla_flops_per_step_per_device'] / max(s['model_flops_per_step'] / s['devices'], 1)
+    xla = (f"XLA's count of the compiled step {ratio:.2f} x model (includes remat, optimizer, elementwise; loop "
+           'bodies counted once)')
   lines += [
-      f"model FLOPs {s['model_flops_per_token'] / 1e6:.2f} MFLOP/token (training); XLA's count of the compiled step "
-      f"{s['xla_flops_per_step_per_device'] / max(s['model_flops_per_step'] / s['devices'], 1):.2f} x model "
-      f"(includes remat, optimizer, elementwise; loop bodies counted once)",
+      f"model FLOPs {s['model_flops_per_token'] / 1e6:.2f} MFLOP/token (training); {xla}",
       f"memory per device: compiled peak {gib(mem['compiled_peak'])} (arguments {gib(mem['arguments'])}, "
       f"temporaries {gib(mem['temporaries'])}), device peak in use {gib(mem['device_peak_in_use'])}",
   ]

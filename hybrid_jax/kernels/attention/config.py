@@ -7,6 +7,8 @@ inputs do not pad to a whole 128-row block.
 
 from typing import NamedTuple
 
+from hybrid_jax.kernels import gpu_smem
+
 MIN_BLOCK = 16  # Triton dots need at least 16 rows/columns.
 
 
@@ -33,8 +35,30 @@ def _pow2_at_least(n):
   return 1 << max(n - 1, 0).bit_length()
 
 
-def gpu_blocks(head_dim, t, blocks=None):
-  """The table entry for head_dim (or `blocks` if given), each block capped at the next power of two >= T."""
+def _shrink(blocks, q, k, stages, fits):
+  """Fewer pipeline stages first (down to 2), then halve the larger of the q/k blocks (q on a tie) down to
+  MIN_BLOCK, then one stage: the first configuration `fits` accepts, or None."""
+  while not fits(blocks):
+    bq, bk, st = getattr(blocks, q), getattr(blocks, k), getattr(blocks, stages)
+    if st > 2:
+      blocks = blocks._replace(**{stages: st - 1})
+    elif max(bq, bk) > MIN_BLOCK:
+      blocks = blocks._replace(**({q: bq // 2} if bq >= bk else {k: bk // 2}))
+    elif st > 1:
+      blocks = blocks._replace(**{stages: st - 1})
+    else:
+      return None
+  return blocks
+
+
+def gpu_blocks(head_dim, t, blocks=None, *, itemsize=2, budget=None):
+  """The table entry for head_dim (or `blocks` if given), each block capped at the next power of two >= T.
+
+  Without explicit `blocks`, the entry is shrunk (`_shrink`, forward and backward apart) until every kernel's
+  shared-memory footprint (`gpu_smem.attention`, operands of `itemsize` bytes) fits `budget` (default: this
+  host's GPU, else an H100's); explicit blocks that do not fit raise.
+  """
+  given = blocks is not None
   if blocks is None:
     blocks = GPU_BLOCKS[128 if head_dim > 64 else 64]
   cap = max(MIN_BLOCK, _pow2_at_least(t))
@@ -42,17 +66,40 @@ def gpu_blocks(head_dim, t, blocks=None):
   for b in sizes:
     if b < MIN_BLOCK or b & (b - 1):
       raise ValueError(f'attention block sizes must be powers of two >= {MIN_BLOCK}, got {blocks[:4]}')
-  return blocks._replace(fwd_q=sizes[0], fwd_k=sizes[1], bwd_q=sizes[2], bwd_k=sizes[3])
+  blocks = blocks._replace(fwd_q=sizes[0], fwd_k=sizes[1], bwd_q=sizes[2], bwd_k=sizes[3])
+  budget = gpu_smem.device_budget() if budget is None else budget
+  fwd_fits = lambda b: gpu_smem.attention(head_dim, itemsize, b)['attention.forward'] <= budget
+  bwd_fits = lambda b: max(gpu_smem.attention(head_dim, itemsize, b)[k] for k in ('attention.dq',
+                                                                                  'attention.dkv')) <= budget
+  if given:
+    if not (fwd_fits(blocks) and bwd_fits(blocks)):
+      raise ValueError(f'attention blocks {tuple(blocks)} need {gpu_smem.attention(head_dim, itemsize, blocks)} '
+                       f'bytes of shared memory at head dim {head_dim}, {itemsize}-byte inputs; the budget is '
+                       f'{budget}')
+    return blocks
+  fwd = _shrink(blocks, 'fwd_q', 'fwd_k', 'fwd_stages', fwd_fits)
+  bwd = _shrink(blocks, 'bwd_q', 'bwd_k', 'bwd_stages', bwd_fits)
+  if fwd is None or bwd is None:
+    raise ValueError(f'no attention block configuration fits {budget} bytes of shared memory at head dim '
+                     f'{head_dim} with {itemsize}-byte inputs')
+  return blocks._replace(fwd_q=fwd.fwd_q, fwd_k=fwd.fwd_k, fwd_stages=fwd.fwd_stages, bwd_q=bwd.bwd_q,
+                         bwd_k=bwd.bwd_k, bwd_stages=bwd.bwd_stages)
 
 
-def all_gpu_blocks():
-  """Every distinct configuration `gpu_blocks` can return for the sequence lengths a model may use."""
+GPU_HEAD_DIMS = (16, 32, 64, 128, 256)  # Power-of-two head dims the GPU kernel compiles for.
+GPU_ITEMSIZES = (2, 4)  # bf16/fp16, fp32.
+BLOCK_CAP_TS = (1, 16, 32, 64, 128, 1 << 20)  # One T per distinct cap gpu_blocks applies.
+
+
+def all_gpu_blocks(budget=None, head_dims=(64, 128), itemsizes=(2,)):
+  """Every distinct (head dim, itemsize, blocks) `gpu_blocks` can return for the sequence lengths a model may use."""
   out = []
-  for d, blocks in GPU_BLOCKS.items():
-    for t in (1, 16, 32, 64, 128, 1 << 20):
-      cfg = gpu_blocks(d, t)
-      if (d, cfg) not in out:
-        out.append((d, cfg))
+  for d in head_dims:
+    for it in itemsizes:
+      for t in BLOCK_CAP_TS:
+        cfg = gpu_blocks(d, t, itemsize=it, budget=budget)
+        if (d, it, cfg) not in out:
+          out.append((d, it, cfg))
   return out
 
 

@@ -51,7 +51,7 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
     raise ValueError(f"implementation='pallas_gpu' needs a power-of-two head dim >= 16 on GPU, got {d}")
   if window is None or window >= t:
     window, sinks = None, 0  # Every earlier key is in the window already.
-  blocks = config.gpu_blocks(d, t, blocks)
+  blocks = config.gpu_blocks(d, t, blocks, itemsize=jnp.dtype(q.dtype).itemsize)
   cfg = _Cfg(float(d**-0.5 if scale is None else scale), window, min(sinks, t), hq // k.shape[2], blocks,
              bool(interpret))
   tp = -(-t // max(blocks[:4])) * max(blocks[:4])

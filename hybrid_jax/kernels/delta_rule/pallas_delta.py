@@ -209,8 +209,8 @@ delta.defvjp(_delta_fwd, _delta_bwd)
 def gated_delta_rule(backend, q, k, v, log_decay, beta, *, scale, initial_state, chunk_size, interpret,
                      block_v=None, min_chunk=16):
   """Contract of `hybrid_jax.kernels.gated_delta_rule` (arguments already validated by the api)."""
-  cfg = pc.make_cfg(backend, q, v, scale=scale, chunk_size=chunk_size, block_v=block_v, interpret=interpret,
-                    min_chunk=min_chunk)
+  cfg = pc.make_cfg(backend, q, v, kernel='gated_delta_rule', scale=scale, chunk_size=chunk_size, block_v=block_v,
+                    interpret=interpret, min_chunk=min_chunk)
   qp, kp, vp, tp, s0 = pc.padded_inputs(cfg, q, k, v, initial_state)  # g = beta = 0 in the padding
   o, final = delta(cfg, qp, kp, vp, pc.pad_time(log_decay.astype(F32), tp), pc.pad_time(beta.astype(F32), tp), s0)
   return pc.from_layout(cfg, o)[:, :q.shape[1]], final

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax.kernels import gpu_smem
 from hybrid_jax.kernels import platform
+from hybrid_jax.kernels.linear_scan import pallas_common as pc
 from hybrid_jax.kernels.linear_scan import pallas_gpu
 from hybrid_jax.kernels.linear_scan import pallas_tpu
 from hybrid_jax.kernels.linear_scan import reference
@@ -30,13 +32,16 @@ _PALLAS_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 _warned = set()
 
 
-def supports(name, dtype, chunk_size, head_dims=(64, 64)):
-  """Whether implementation `name` can run a call with these inputs (the automatic choice checks this)."""
+def supports(name, dtype, chunk_size, head_dims=(64, 64), kernel='linear_scan'):
+  """Whether implementation `name` can run a call with these inputs (the automatic choice checks this); for
+  'pallas_gpu' that includes a chunk whose kernels fit the GPU's shared memory (`gpu_smem.scan_chunk`)."""
   if name not in _MIN_CHUNK:
     return True
   ok = chunk_size % _MIN_CHUNK[name] == 0 and any(jnp.dtype(dtype) == jnp.dtype(d) for d in _PALLAS_DTYPES)
   if name == 'pallas_gpu':  # Triton tiles: powers of two, at least 16.
     ok = ok and all(n >= 16 and not n & (n - 1) for n in (chunk_size, *head_dims))
+    itemsize = jnp.dtype(dtype).itemsize
+    ok = ok and gpu_smem.scan_chunk(kernel, chunk_size, *head_dims, pc.GPU_BLOCK_V, itemsize) is not None
   return ok
 
 
@@ -46,7 +51,7 @@ def resolve(implementation, table, kernel, *, dtype=jnp.float32, chunk_size=64, 
   if implementation in (None, 'auto'):
     backend = platform.target()
     implementation = GPU_MEASURED_CHOICE[kernel] if backend == 'gpu' else _AUTO.get(backend, 'xla')
-    if not supports(implementation, dtype, chunk_size, head_dims):
+    if not supports(implementation, dtype, chunk_size, head_dims, kernel):
       if (kernel, implementation) not in _warned:
         _warned.add((kernel, implementation))
         warnings.warn(f'{kernel}: {implementation!r} cannot run dtype {jnp.dtype(dtype).name}, chunk_size '

@@ -25,7 +25,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
+from hybrid_jax.kernels import gpu_smem
+
 F32 = jnp.float32
+GPU_BLOCK_V = 64  # Value columns per GPU sequential program (fewer when V is smaller).
+STAGES = 2  # Triton pipeline stages of the GPU scan kernels.
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -39,11 +43,16 @@ class Cfg(NamedTuple):
   dtype: str  # Matmul operand dtype (the input dtype); accumulation is always fp32.
   interpret: bool
   warps: int = 4
-  stages: int = 2
+  stages: int = STAGES
 
 
-def make_cfg(backend, q, v, *, scale, chunk_size, block_v, interpret, min_chunk, warps=4, stages=2):
-  """Checks what the Pallas kernels need and returns their Cfg."""
+def make_cfg(backend, q, v, *, kernel, scale, chunk_size, block_v, interpret, min_chunk, warps=4, stages=STAGES,
+             budget=None):
+  """Checks what the Pallas kernels need and returns their Cfg.
+
+  GPU: the chunk is `gpu_smem.scan_chunk`'s (the requested one, halved until every kernel of `kernel` fits the
+  shared-memory `budget`); interpret mode chooses the same, so CPU tests run what the GPU would.
+  """
   if jnp.dtype(q.dtype) not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
     raise ValueError(f"implementation='pallas_{backend}' supports float32, bfloat16 and float16 inputs, got "
                      f"{q.dtype} (use implementation='xla' or 'reference')")
@@ -52,7 +61,7 @@ def make_cfg(backend, q, v, *, scale, chunk_size, block_v, interpret, min_chunk,
                      f'{chunk_size}')
   dk, dv = q.shape[3], v.shape[3]
   if block_v is None:
-    block_v = dv if backend == 'tpu' else min(dv, 64)
+    block_v = dv if backend == 'tpu' else min(dv, GPU_BLOCK_V)
   if dv % block_v:
     raise ValueError(f'block_v={block_v} must divide the value head dim {dv}')
   pow2 = lambda n: n >= 16 and not n & (n - 1)
@@ -60,6 +69,13 @@ def make_cfg(backend, q, v, *, scale, chunk_size, block_v, interpret, min_chunk,
     raise ValueError(f"implementation='pallas_gpu' compiles for a GPU only with power-of-two chunk_size, head dims "
                      f'and block_v >= 16 (Triton tiles), got chunk_size={chunk_size}, K={dk}, V={dv}, '
                      f"block_v={block_v} (use implementation='xla')")
+  if backend == 'gpu':
+    fitted = gpu_smem.scan_chunk(kernel, chunk_size, dk, dv, block_v, jnp.dtype(q.dtype).itemsize, stages, budget)
+    if fitted is None:
+      raise ValueError(f"implementation='pallas_gpu' has no chunk <= {chunk_size} whose {kernel} kernels fit "
+                       f'{gpu_smem.device_budget() if budget is None else budget} bytes of shared memory at K={dk}, '
+                       f"V={dv}, {jnp.dtype(q.dtype).name} (use implementation='xla')")
+    chunk_size = fitted
   return Cfg(backend, int(chunk_size), float(scale), v.shape[2] // q.shape[2], int(block_v),
              jnp.dtype(q.dtype).name, bool(interpret), warps, stages)
 

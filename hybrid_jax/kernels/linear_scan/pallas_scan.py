@@ -109,8 +109,8 @@ scan.defvjp(_scan_fwd, _scan_bwd)
 def linear_scan(backend, q, k, v, log_decay, *, scale, initial_state, chunk_size, interpret, block_v=None,
                 min_chunk=16):
   """Contract of `hybrid_jax.kernels.linear_scan` (arguments already validated by the api)."""
-  cfg = pc.make_cfg(backend, q, v, scale=scale, chunk_size=chunk_size, block_v=block_v, interpret=interpret,
-                    min_chunk=min_chunk)
+  cfg = pc.make_cfg(backend, q, v, kernel='linear_scan', scale=scale, chunk_size=chunk_size, block_v=block_v,
+                    interpret=interpret, min_chunk=min_chunk)
   qp, kp, vp, tp, s0 = pc.padded_inputs(cfg, q, k, v, initial_state)  # g = 0 in the padding
   o, final = scan(cfg, qp, kp, vp, pc.pad_time(log_decay.astype(F32), tp), s0)
   return pc.from_layout(cfg, o)[:, :q.shape[1]], final
