@@ -1,0 +1,92 @@
+"""scripts/device/measure.sh end to end in its dry-run mode (CPU, interpret mode, tiny shapes), and the summary
+it ends with. Nothing here asserts a time: only that every phase ran and reported what it measured."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(pathlib.Path(ROOT) / 'scripts' / 'device'))
+import summary  # pylint: disable=wrong-import-position
+
+FILES = {'env.txt', 'attention.txt', 'attention.json', 'scan.txt', 'scan.json', 'step.txt', 'step.json',
+         'summary.md'}
+
+
+def _dry_run(tmp_path, step_runs):
+  out = tmp_path / 'out'
+  env = dict(os.environ, DRY_RUN='1', OUT=str(out), PYTHON=sys.executable, STEP_RUNS=step_runs,
+             PYTHONPATH=str(ROOT))
+  done = subprocess.run(['bash', 'scripts/device/measure.sh'], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=1500, check=False)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert {p.name for p in out.iterdir()} == FILES  # At most 8 files, each phase's.
+  return out, done.stdout
+
+
+def _check_kernels(out):
+  attention = json.loads((out / 'attention.json').read_text())
+  assert attention['parity']['rows'] and all(r['ok'] for r in attention['parity']['rows'])
+  bench = attention['bench']['rows']
+  assert {r['impl'] for r in bench} == {'pallas_gpu', 'xla'}
+  assert all('error' not in r and r['fwd_bwd_ms'] > 0 and r['fwd_bwd_compile_s'] > 0 for r in bench)
+  scan = json.loads((out / 'scan.json').read_text())
+  assert scan['parity'] and all(r['ok'] for r in scan['parity'])
+  assert {r['impl'] for r in scan['rows']} == {'pallas_gpu', 'xla'}
+  assert all('error' not in r and r['fwd_bwd_ms'] > 0 for r in scan['rows'])
+
+
+def test_dry_run_measures_every_phase(tmp_path):
+  out, stdout = _dry_run(tmp_path, 'full')
+  _check_kernels(out)
+  [run] = json.loads((out / 'step.json').read_text())
+  assert run['run'] == 'full' and run['step']['step_s_median'] > 0 and run['step']['breakdown']['parts']
+  text = (out / 'summary.md').read_text()
+  assert '| attention parity cases passed | 2/2 | all | met |' in text
+  assert '| scan parity cases passed | 2/2 | all | met |' in text
+  assert 'done; files:' in stdout
+
+
+@pytest.mark.slow
+def test_dry_run_every_step_run(tmp_path):
+  out, _ = _dry_run(tmp_path, 'full swa128_nope gdn gdn_pallas_scan')
+  _check_kernels(out)
+  runs = json.loads((out / 'step.json').read_text())
+  assert [r['run'] for r in runs] == ['full', 'swa128_nope', 'gdn', 'gdn_pallas_scan']
+  assert all(r['step']['step_s_median'] > 0 for r in runs)
+
+
+def test_summary_compares_each_measure_with_its_target(tmp_path):
+  attention_rows = [dict(impl='pallas_gpu', window=128, fwd_bwd_vs_cudnn=1.6),
+                    dict(impl='pallas_gpu', window=512, fwd_bwd_vs_cudnn=1.1),
+                    dict(impl='pallas_gpu', window=2048, error='RuntimeError: no\nmore'),
+                    dict(impl='cudnn', window=None, fwd_bwd_vs_cudnn=1.0)]
+  (tmp_path / 'attention.json').write_text(json.dumps(
+      {'parity': {'rows': [{'ok': True}, {'ok': False}]}, 'bench': {'rows': attention_rows}}))
+  (tmp_path / 'scan.json').write_text(json.dumps({'parity': [{'ok': True}], 'rows': [
+      dict(kernel='linear_scan', impl='pallas_gpu', fwd_bwd_vs_fla=1.25)]}))
+  (tmp_path / 'step.json').write_text(json.dumps([
+      {'run': 'full', 'step': {'mfu': 0.31}}, {'run': 'gdn', 'step': {'mfu': 0.30, 'step_s_median': 1.0}},
+      {'run': 'gdn_pallas_scan', 'step': {'step_s_median': 0.8}}, {'run': 'swa128_nope', 'error': 'timed out'}]))
+  lines = set(summary.summary(tmp_path).splitlines())
+  assert '| attention w128 fwd+bwd vs cuDNN | 1.60 | >= 1.5 | met |' in lines
+  assert '| attention w512 fwd+bwd vs cuDNN | 1.10 | >= 1.2 | missed |' in lines
+  assert '| attention w2048 fwd+bwd vs cuDNN | error: RuntimeError: no | >= 1.0 |  |' in lines
+  assert '| attention wfull fwd+bwd vs cuDNN | not measured | >= 0.8 |  |' in lines  # Only cuDNN's own row.
+  assert '| attention parity cases passed | 1/2 | all | missed |' in lines
+  assert '| linear_scan pallas_gpu fwd+bwd vs fla | 1.25 | >= 1.0 | met |' in lines
+  assert '| gated_delta_rule pallas_gpu fwd+bwd vs fla | not measured | >= 1.0 |  |' in lines
+  assert '| step full MFU | 31.0% | >= 45% | missed |' in lines
+  assert '| step gdn MFU | 30.0% | >= 30% | met |' in lines
+  assert '| step swa128_nope MFU | timed out | >= 40% |  |' in lines
+  assert '| step gdn with Pallas scans, speed vs the XLA scans | 1.25 | > 1 to switch |  |' in lines
+
+
+def test_summary_of_nothing_is_all_not_measured(tmp_path):
+  text = summary.summary(tmp_path)
+  assert '| met |' not in text and '| missed |' not in text and text.count('not measured') == 14
