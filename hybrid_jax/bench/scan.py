@@ -11,10 +11,11 @@ shapes of docs/BENCHMARKING.md: bf16, B=4, H=16, K=V=128, T in {2K, 8K, 32K}.
 
 --parity first checks values and every gradient of the Pallas kernel of this backend (and the automatic choice)
 against the float64 reference at the docs/KERNELS.md tolerances, compiled on the device (not interpret mode),
-for every chunk size and head dim the code may be given.
+for the cases of `parity_cases` (within --parity-budget seconds). Every row is printed and written to --json the
+moment it is measured, compile time apart from run time, each measurement under its own --timeout.
 
   python -m hybrid_jax bench scan --seq-lens 1024,4096,16384 --json out.json
-  python -m hybrid_jax bench scan --parity --fla --json out.json          (GPU machine: scripts/device/scan_gpu.sh)
+  python -m hybrid_jax bench scan --parity --fla --json out.json          (GPU machine: scripts/device/measure.sh)
 """
 
 import argparse

@@ -1,8 +1,9 @@
 """Block sizes for the Pallas attention kernels: one small table per backend, keyed by head dim.
 
 Entries are starting points for an H200 (Triton) until the benchmark tunes them; every entry the code can pick is
-exercised by the GPU parity script (scripts/device/attention_gpu.sh). Blocks shrink for short sequences so tiny
-inputs do not pad to a whole 128-row block.
+exercised by the GPU parity script (scripts/device/attention_parity.py, run by scripts/device/measure.sh). Blocks
+shrink for short sequences so tiny inputs do not pad to a whole 128-row block, and shrink further (fewer pipeline
+stages, then smaller blocks) until every kernel fits the device's shared memory (`gpu_smem`).
 """
 
 from typing import NamedTuple

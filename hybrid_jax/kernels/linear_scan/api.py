@@ -24,7 +24,7 @@ from hybrid_jax.kernels.linear_scan import xla
 IMPLEMENTATION_NAMES = ('reference', 'xla', 'pallas_gpu', 'pallas_tpu')
 _AUTO = {'tpu': 'pallas_tpu', 'cpu': 'xla'}  # Backend -> automatic choice; GPU below; anything else gets 'xla'.
 # Automatic choice on GPU, per kernel. 'pallas_gpu' goes here only once `python -m hybrid_jax bench scan` on the GPU
-# machine (scripts/device/scan_gpu.sh) has measured it faster than 'xla' in the same run, with its parity checks
+# machine (scripts/device/measure.sh) has measured it faster than 'xla' in the same run, with its parity checks
 # passing. No GPU measurement exists yet, so both stay on the chunked XLA path.
 GPU_MEASURED_CHOICE = {'linear_scan': 'xla', 'gated_delta_rule': 'xla'}
 _MIN_CHUNK = {'pallas_gpu': pallas_gpu.MIN_CHUNK, 'pallas_tpu': pallas_tpu.MIN_CHUNK}
