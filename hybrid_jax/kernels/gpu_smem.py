@@ -2,7 +2,7 @@
 
 A kernel whose footprint exceeds the device's per-block limit does not compile ("Shared memory size limit
 exceeded"), so block and chunk choices are checked against this model before any kernel is built. The model
-(docs/KERNELS.md, "Shared memory"), for Triton as XLA compiles Pallas kernels:
+(docs/KERNELS.md, "Shared memory on GPU"), for Triton as XLA compiles Pallas kernels:
 - every matrix tile a program loads once (outside its loops) is staged in shared memory for the whole program;
   [C, 1] / [C, 2] columns stay in registers;
 - a matrix tile loaded inside a loop over blocks is software-pipelined: `stages` buffers of it;
@@ -48,12 +48,13 @@ def attention(d, itemsize, blocks) -> dict:
   """Bytes per kernel for a `config.GpuBlocks`: forward, dQ and dK/dV."""
   it = itemsize
   fq, fk, bq, bk = blocks.fwd_q, blocks.fwd_k, blocks.bwd_q, blocks.bwd_k
+  dq, dk = blocks.dq_q or bq, blocks.dq_k or bk
   fs, bs = blocks.fwd_stages, blocks.bwd_stages
   return {
       # q once; k, v pipelined; P is not transposed.
       'attention.forward': tile(fq, d, it) + fs * 2 * tile(fk, d, it),
       # q, dO once; k, v pipelined; dS @ K needs no transpose.
-      'attention.dq': 2 * tile(bq, d, it) + bs * 2 * tile(bk, d, it),
+      'attention.dq': 2 * tile(dq, d, it) + bs * 2 * tile(dk, d, it),
       # k, v once; q, dO pipelined; P^T and dS^T (input dtype) transposed through shared memory.
       'attention.dkv': 2 * tile(bk, d, it) + bs * 2 * tile(bq, d, it) + tile(bq, bk, it),
   }

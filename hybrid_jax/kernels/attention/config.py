@@ -14,7 +14,8 @@ MIN_BLOCK = 16  # Triton dots need at least 16 rows/columns.
 
 
 class GpuBlocks(NamedTuple):
-  """Forward q/kv blocks, backward q/kv blocks (shared by the dK/dV and dQ kernels), Triton launch options."""
+  """Forward q/kv blocks; dK/dV kernel q block (rows per loop step) and kv block (rows per program); Triton launch
+  options; dQ kernel q block (rows per program) and kv block (rows per loop step), None: the dK/dV kernel's."""
   fwd_q: int = 128
   fwd_k: int = 64
   bwd_q: int = 64
@@ -23,12 +24,26 @@ class GpuBlocks(NamedTuple):
   fwd_stages: int = 3
   bwd_warps: int = 4
   bwd_stages: int = 2
+  dq_q: int | None = None
+  dq_k: int | None = None
+
+
+def block_sizes(blocks):
+  """Every block size of a configuration (the dQ kernel's resolved)."""
+  return (blocks.fwd_q, blocks.fwd_k, blocks.bwd_q, blocks.bwd_k, blocks.dq_q or blocks.bwd_q,
+          blocks.dq_k or blocks.bwd_k)
 
 
 # Head dim -> blocks. Smaller head dims use the 64 entry.
+# Backward blocks follow the FlashAttention-2 split as Triton implementations run it: each kernel keeps the
+# operand it accumulates into in a large block and streams the other in small steps. dK/dV: 128 kv rows per
+# program (each q/dO tile loaded serves twice the keys of a 64-block, halving the q/dO traffic, which is
+# T / kv block loads per head), 32 q rows per step (small P and dS tiles keep the fp32 accumulators dK, dV
+# [128, D] in registers). dQ: the mirror, 128 q rows per program and 32 kv rows per step. Windows do not change
+# the choice: a 128-row kv block with window w visits (128 + w) / 32 q steps, every one of them useful.
 GPU_BLOCKS = {
-    64: GpuBlocks(128, 64, 64, 64, 4, 3, 4, 2),
-    128: GpuBlocks(128, 64, 64, 64, 8, 3, 8, 2),
+    64: GpuBlocks(128, 64, 32, 128, 4, 3, 4, 2, 128, 32),
+    128: GpuBlocks(128, 64, 32, 128, 8, 3, 8, 2, 128, 32),
 }
 
 
@@ -63,28 +78,28 @@ def gpu_blocks(head_dim, t, blocks=None, *, itemsize=2, budget=None):
   if blocks is None:
     blocks = GPU_BLOCKS[128 if head_dim > 64 else 64]
   cap = max(MIN_BLOCK, _pow2_at_least(t))
-  sizes = [min(b, cap) for b in blocks[:4]]
+  sizes = [min(b, cap) for b in block_sizes(blocks)]
   for b in sizes:
     if b < MIN_BLOCK or b & (b - 1):
-      raise ValueError(f'attention block sizes must be powers of two >= {MIN_BLOCK}, got {blocks[:4]}')
-  blocks = blocks._replace(fwd_q=sizes[0], fwd_k=sizes[1], bwd_q=sizes[2], bwd_k=sizes[3])
+      raise ValueError(f'attention block sizes must be powers of two >= {MIN_BLOCK}, got {block_sizes(blocks)}')
+  blocks = blocks._replace(**dict(zip(('fwd_q', 'fwd_k', 'bwd_q', 'bwd_k', 'dq_q', 'dq_k'), sizes)))
   budget = gpu_smem.device_budget() if budget is None else budget
-  fwd_fits = lambda b: gpu_smem.attention(head_dim, itemsize, b)['attention.forward'] <= budget
-  bwd_fits = lambda b: max(gpu_smem.attention(head_dim, itemsize, b)[k] for k in ('attention.dq',
-                                                                                  'attention.dkv')) <= budget
+  fits = lambda kernel: lambda b: gpu_smem.attention(head_dim, itemsize, b)[kernel] <= budget
   if given:
-    if not (fwd_fits(blocks) and bwd_fits(blocks)):
+    if max(gpu_smem.attention(head_dim, itemsize, blocks).values()) > budget:
       raise ValueError(f'attention blocks {tuple(blocks)} need {gpu_smem.attention(head_dim, itemsize, blocks)} '
                        f'bytes of shared memory at head dim {head_dim}, {itemsize}-byte inputs; the budget is '
                        f'{budget}')
     return blocks
-  fwd = _shrink(blocks, 'fwd_q', 'fwd_k', 'fwd_stages', fwd_fits)
-  bwd = _shrink(blocks, 'bwd_q', 'bwd_k', 'bwd_stages', bwd_fits)
-  if fwd is None or bwd is None:
+  # The dQ kernel shrinks from the dK/dV kernel's result: they share the stage count (fewer stages only shrink
+  # the dK/dV kernel further).
+  fwd = _shrink(blocks, 'fwd_q', 'fwd_k', 'fwd_stages', fits('attention.forward'))
+  dkv = _shrink(blocks, 'bwd_q', 'bwd_k', 'bwd_stages', fits('attention.dkv'))
+  dq = dkv and _shrink(dkv, 'dq_q', 'dq_k', 'bwd_stages', fits('attention.dq'))
+  if fwd is None or dq is None:
     raise ValueError(f'no attention block configuration fits {budget} bytes of shared memory at head dim '
                      f'{head_dim} with {itemsize}-byte inputs')
-  return blocks._replace(fwd_q=fwd.fwd_q, fwd_k=fwd.fwd_k, fwd_stages=fwd.fwd_stages, bwd_q=bwd.bwd_q,
-                         bwd_k=bwd.bwd_k, bwd_stages=bwd.bwd_stages)
+  return dq._replace(fwd_q=fwd.fwd_q, fwd_k=fwd.fwd_k, fwd_stages=fwd.fwd_stages)
 
 
 GPU_HEAD_DIMS = (16, 32, 64, 128, 256)  # Power-of-two head dims the GPU kernel compiles for.

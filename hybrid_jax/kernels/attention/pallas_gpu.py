@@ -1,7 +1,10 @@
 """Flash attention for GPUs as Triton-style Pallas kernels: causal, sliding window, sinks, GQA.
 
 Three kernels: the forward (also saves each row's log-sum-exp), dK/dV (one program per kv block and query head)
-and dQ (one program per q block); the backward recomputes probabilities from the saved statistics. Each program
+and dQ (one program per q block), after FlashAttention-2: a preprocessing pass computes rowsum(dO o O) once, the
+dK/dV kernel makes one pass over the query blocks its kv block is visible to, and dQ is a second pass over kv
+blocks, each with its own block shape (`config.GPU_BLOCKS`); the backward recomputes probabilities from the saved
+statistics. Each program
 loops only over the blocks its window reaches, so a window w costs O(T*w); inside that range only the boundary
 blocks build an element mask. Logits are kept in base 2 (exp2 is the native GPU instruction). GQA: k/v blocks are
 read through index maps; each query head writes its own dK/dV, summed over the group afterwards. On CPU the same
@@ -54,7 +57,7 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
   blocks = config.gpu_blocks(d, t, blocks, itemsize=jnp.dtype(q.dtype).itemsize)
   cfg = _Cfg(float(d**-0.5 if scale is None else scale), window, min(sinks, t), hq // k.shape[2], blocks,
              bool(interpret))
-  tp = -(-t // max(blocks[:4])) * max(blocks[:4])
+  tp = -(-t // max(config.block_sizes(blocks))) * max(config.block_sizes(blocks))
   # Zero padding keeps pad rows finite; real queries never see pad keys (they lie in the future).
   pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - t), (0, 0), (0, 0)])
   return _flash(cfg, pad(q), pad(k), pad(v))[:, :t]
@@ -173,7 +176,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg):
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
-  bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
+  bq, bk = cfg.blocks.dq_q, cfg.blocks.dq_k
   a = pl.program_id(2) * bq
   q, do = q_ref[...], do_ref[...]
   lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
@@ -261,13 +264,14 @@ def _flash_fwd(cfg, q, k, v):
 def _flash_bwd(cfg, res, do):
   q, k, v, o, lse = res
   b, tp, hq, d = q.shape
-  bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
+  bq, bk, dq_q = cfg.blocks.bwd_q, cfg.blocks.bwd_k, cfg.blocks.dq_q
+  # Preprocessing: delta_i = rowsum(dO o O), once, shared by both kernels (memory-bound; XLA fuses it).
   delta = jnp.einsum('bthd,bthd->bht', do.astype(jnp.float32), o.astype(jnp.float32))
   tile, whole, kv_tile, kv_whole, row_tile, row_whole = _specs(q.shape, cfg)
   warps, stages = cfg.blocks.bwd_warps, cfg.blocks.bwd_stages
-  dq = _call(_dq_kernel, cfg, (b, hq, tp // bq), [tile(bq), kv_whole, kv_whole, tile(bq), row_tile(bq),
-                                                   row_tile(bq)],
-             tile(bq), jax.ShapeDtypeStruct(q.shape, q.dtype), warps, stages)(q, k, v, do, lse, delta)
+  dq = _call(_dq_kernel, cfg, (b, hq, tp // dq_q), [tile(dq_q), kv_whole, kv_whole, tile(dq_q), row_tile(dq_q),
+                                                      row_tile(dq_q)],
+             tile(dq_q), jax.ShapeDtypeStruct(q.shape, q.dtype), warps, stages)(q, k, v, do, lse, delta)
   # One dK/dV per query head; with GQA they are summed over the group in fp32.
   part = jnp.float32 if cfg.group > 1 else k.dtype
   dk, dv = _call(_dkv_kernel, cfg, (b, hq, tp // bk), [whole, kv_tile(bk), kv_tile(bk), whole, row_whole,
