@@ -37,6 +37,11 @@ def _check_kernels(out):
   assert all('error' not in r and r['fwd_bwd_ms'] > 0 and r['fwd_bwd_compile_s'] > 0 for r in bench)
   scan = json.loads((out / 'scan.json').read_text())
   assert scan['parity'] and all(r['ok'] for r in scan['parity'])
+  # Parity rows carry the shared-memory model of what they ran, for the device run to check it against.
+  budget = 232448
+  assert all(r['kernel_chunk'] == 16 and 0 < max(r['smem_model'].values()) <= budget for r in scan['parity'])
+  assert all(0 < max(r['smem_model'].values()) <= budget for r in attention['parity']['rows']
+             if r['impl'] == 'pallas_gpu')
   assert {r['impl'] for r in scan['rows']} == {'pallas_gpu', 'xla'}
   assert all('error' not in r and r['fwd_bwd_ms'] > 0 for r in scan['rows'])
 

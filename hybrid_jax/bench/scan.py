@@ -33,7 +33,9 @@ import numpy as np
 from hybrid_jax.bench import timing
 from hybrid_jax.bench.attention import ceilings
 from hybrid_jax.kernels import gated_delta_rule
+from hybrid_jax.kernels import gpu_smem
 from hybrid_jax.kernels import linear_scan
+from hybrid_jax.kernels.linear_scan import pallas_common as pc
 
 KERNELS = {'linear_scan': linear_scan, 'gated_delta_rule': gated_delta_rule}
 _DEFAULTS = {
@@ -330,6 +332,10 @@ def parity(args, report):
   start = time.perf_counter()
   for kernel, impl, t, d, chunk, dtype in parity_cases(args.kernels, jax.default_backend()):
     row = dict(kernel=kernel, impl=str(impl), T=t, head_dim=d, chunk=chunk, dtype=dtype.name, ok=False)
+    if impl == 'pallas_gpu':  # The chunk the kernels run with and the model's footprints, to check on the device.
+      row['kernel_chunk'] = gpu_smem.scan_chunk(kernel, chunk, d, d, pc.GPU_BLOCK_V, dtype.itemsize)
+      if row['kernel_chunk']:
+        row['smem_model'] = gpu_smem.scan(kernel, row['kernel_chunk'], d, d, min(d, pc.GPU_BLOCK_V), dtype.itemsize)
     if time.perf_counter() - start > args.parity_budget:
       row['error'] = f'skipped: the parity budget of {args.parity_budget:g} s was spent'
     else:

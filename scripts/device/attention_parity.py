@@ -24,6 +24,7 @@ jax.config.update('jax_default_matmul_precision', 'highest')  # fp32 reference d
 
 from hybrid_jax.bench import timing  # pylint: disable=wrong-import-position
 from hybrid_jax.kernels import attention  # pylint: disable=wrong-import-position
+from hybrid_jax.kernels import gpu_smem  # pylint: disable=wrong-import-position
 from hybrid_jax.kernels.attention import config  # pylint: disable=wrong-import-position
 from hybrid_jax.kernels.attention import pallas_gpu  # pylint: disable=wrong-import-position
 from hybrid_jax.kernels.attention import reference  # pylint: disable=wrong-import-position
@@ -107,8 +108,9 @@ def main(argv=None):
         blocks = config.gpu_blocks(d, t, itemsize=jnp.dtype(dtype).itemsize)
         fn = lambda q, k, v, w=window, s=sinks, b=blocks: pallas_gpu.attention(q, k, v, window=w, sinks=s,
                                                                                blocks=b, interpret=interpret)
+        smem = gpu_smem.attention(d, jnp.dtype(dtype).itemsize, blocks)  # The model, to check against the device.
         run(dict(impl='pallas_gpu', d=d, t=t, window=window, sinks=sinks, hq=hq, hkv=hkv, dtype=dtype,
-                 blocks=blocks._asdict()), fn, t, window, sinks, hq, hkv, d, dtype)
+                 blocks=blocks._asdict(), smem_model=smem), fn, t, window, sinks, hq, hkv, d, dtype)
   d = dims[-1]
   for t, window, sinks, dtype in auto:
     impl = None if backend == 'gpu' else 'xla'
