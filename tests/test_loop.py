@@ -215,7 +215,7 @@ def test_cli_params_prints_the_study_counts():
   counts = json.loads(out.stdout)
   assert (counts['non_embedding'], counts['embedding'], counts['total']) == (14_999_424, 56_408_064, 71_407_488)
   unknown = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'fly'], capture_output=True, text=True)
-  assert unknown.returncode == 2 and "unknown command 'fly'" in unknown.stderr
+  assert unknown.returncode == 2 and "invalid choice: 'fly'" in unknown.stderr
 
 
 @pytest.mark.slow

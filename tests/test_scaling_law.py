@@ -107,14 +107,14 @@ def test_fits_the_studys_released_points_and_predicts_the_held_out_size():
 
 def test_cli_prints_the_json_and_writes_the_plot(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(scaling_law, 'GRID', {**scaling_law.GRID, **SMALL_GRID})
-  plot = tmp_path / 'fit.png'
-  assert scaling_law.main(['--data', str(STUDY_FILE), '--log-metric', '--plot', str(plot)]) == 0
+  plot = tmp_path / f'{STUDY_FILE.stem}_fit.png'
+  assert scaling_law.main(['--data', str(STUDY_FILE), '--log-metric', '--out', str(tmp_path)]) == 0
   result = json.loads(capsys.readouterr().out)
   for key in ('b', 'alpha', 'c', 'beta', 'r2_train', 'rmse_train', 'mae_train', 'r2_holdout', 'rmse_holdout',
               'mae_holdout'):
     assert isinstance(result[key], float), key
   assert plot.stat().st_size > 1000
-  assert scaling_law.main(['--data', str(STUDY_FILE), '--formula', 'chinchilla', '--plot', str(plot)]) == 0
+  assert scaling_law.main(['--data', str(STUDY_FILE), '--formula', 'chinchilla', '--out', str(tmp_path)]) == 0
   assert 'a' in json.loads(capsys.readouterr().out)
 
 
@@ -127,7 +127,7 @@ def test_cli_prints_the_json_and_writes_the_plot(tmp_path, monkeypatch, capsys):
 def test_bad_data_gets_a_clear_error(tmp_path, capsys, content, message):
   path = tmp_path / 'points.tsv'
   path.write_text(content)
-  assert scaling_law.main(['--data', str(path), '--plot', str(tmp_path / 'x.png')]) == 2
+  assert scaling_law.main(['--data', str(path), '--out', str(tmp_path / 'out')]) == 2
   assert message in capsys.readouterr().err
 
 

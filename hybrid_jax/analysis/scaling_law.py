@@ -17,6 +17,8 @@ import re
 import numpy as np
 from scipy import optimize, special
 
+from hybrid_jax import command_line
+
 FORMULAS = ('no_constant', 'chinchilla')
 HUBER_DELTA = 1e-3
 # The study states maxiter and ftol only. SciPy's default gtol (1e-5) stops L-BFGS-B at once here, because Huber
@@ -215,18 +217,17 @@ def plot_fit(points: Points, coefs: dict, path, *, ylabel='metric') -> None:
 
 
 def main(argv) -> int:
-  """`python -m hybrid_jax fit --data FILE --formula ... [--log-metric] [--holdout largest]`: prints one JSON."""
-  import argparse
+  """`python -m hybrid_jax fit --data FILE [--out DIR]`: prints the fit as one JSON object and plots it in DIR."""
   import sys
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax fit', description=main.__doc__)
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax fit', description=main.__doc__)
   parser.add_argument('--data', required=True, help='TSV/CSV/JSON with n (or N), tokens/D or token_multiplier, '
                       'and the metric column')
-  parser.add_argument('--formula', choices=FORMULAS, default='no_constant')
-  parser.add_argument('--metric-column', default='loss')
+  parser.add_argument('--formula', choices=FORMULAS, default='no_constant', help='the law fitted')
+  parser.add_argument('--metric-column', default='loss', help='column of the metric fitted')
   parser.add_argument('--log-metric', action='store_true', help='fit ln(metric), e.g. ln(LongPPL)')
-  parser.add_argument('--holdout', choices=('largest', 'none'), default='largest')
+  parser.add_argument('--holdout', choices=('largest', 'none'), default='largest', help='points left out of the fit and scored: the largest model, or none')
   parser.add_argument('--alpha-bounds', default='0.2,0.3', help='lower,upper bound of alpha')
-  parser.add_argument('--plot', default=None, help='PNG path (default: next to --data, <stem>_fit.png)')
+  parser.add_argument('--out', default='.', help='folder for the outputs (the plot <data stem>_fit.png)')
   args = parser.parse_args(argv)
   try:
     low, high = (float(x) for x in args.alpha_bounds.split(','))
@@ -235,7 +236,9 @@ def main(argv) -> int:
   except (FitDataError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  plot = pathlib.Path(args.plot or pathlib.Path(args.data).with_name(pathlib.Path(args.data).stem + '_fit.png'))
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  plot = out / f'{pathlib.Path(args.data).stem}_fit.png'
   ylabel = f'ln({args.metric_column})' if args.log_metric else args.metric_column
   plot_fit(points, result, plot, ylabel=ylabel)
   result['plot'] = str(plot)

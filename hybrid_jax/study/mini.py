@@ -10,7 +10,6 @@ states the mapping). Every run directory is a normal run: rerunning the command 
 re-evaluates finished ones.
 """
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -19,6 +18,7 @@ import time
 
 import numpy as np
 
+from hybrid_jax import command_line
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.eval import position, suite
@@ -197,11 +197,10 @@ def plot_report(report: dict, path) -> None:
 
 def main(argv) -> int:
   """Run the mini-study: train, evaluate and report SWA-128, SWA-2048, SWA-128-NoPE and Full."""
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax study', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini')
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax study', description=__doc__)
+  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini', help='the study size')
   parser.add_argument('--out', default=None, help='output directory (default: runs/study_<preset>)')
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--seed', type=int, default=0, help='seed of every run')
   args = parser.parse_args(argv)
   out = args.out or f'runs/study_{args.preset}'
   try:
