@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from hybrid_jax import cli
+from hybrid_jax.analysis import scaling_law
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HYBRID = f'{ROOT}/configs/hybrid.py'
@@ -100,17 +101,34 @@ def test_missing_run_directory_is_one_line(tmp_path):
   _assert_user_error(_run('eval', '--workdir', str(tmp_path / 'nothing')), str(tmp_path / 'nothing'))
 
 
-def test_steps_override_moves_the_derived_defaults(tmp_path):
-  """`train --config.train.steps=2` trains: warmup, eval and checkpoint intervals follow steps."""
-  out = _run('train', f'--workdir={tmp_path}', '--config.train.steps=2', *TINY)
-  assert out.returncode == 0, out.stderr
-  assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir() if p.name.isdigit()) == ['1', '2']
-  # An explicit value is kept, and checked against the override.
+def test_derived_defaults_follow_an_override_of_steps():
+  default = cli.load_config(cli.DEFAULT_CONFIG, [])
+  assert (default.train.steps, default.train.warmup_steps, default.train.eval_every,
+          default.train.checkpoint_every) == (300, 30, 100, 100)  # The main job, as BENCHMARKS.md records it.
+  short = cli.load_config(cli.DEFAULT_CONFIG, ['--config.train.steps=2'])
+  assert (short.train.warmup_steps, short.train.eval_every, short.train.checkpoint_every) == (0, 1, 1)
+  long = cli.load_config(cli.DEFAULT_CONFIG, ['--config.train.steps', '1000'])
+  assert (long.train.warmup_steps, long.train.eval_every, long.train.checkpoint_every) == (100, 334, 334)
+  explicit = cli.load_config(cli.DEFAULT_CONFIG, ['--config.train.warmup_steps=7', '--config.train.steps=50'])
+  assert (explicit.train.warmup_steps, explicit.train.eval_every) == (7, 17)
+
+
+def test_an_explicit_warmup_is_kept_and_checked():
   _assert_user_error(_run('params', '--config.train.steps=2', '--config.train.warmup_steps=30'),
                      'config.train.warmup_steps=30 is invalid: must be smaller than train.steps=2')
 
 
-def test_fit_writes_under_out_default_the_working_directory(tmp_path):
+@pytest.mark.slow
+def test_train_with_two_steps_trains(tmp_path):
+  """`train --config.train.steps=2` trains: warmup, eval and checkpoint intervals follow steps."""
+  out = _run('train', f'--workdir={tmp_path}', '--config.train.steps=2', *TINY)
+  assert out.returncode == 0, out.stderr
+  assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir() if p.name.isdigit()) == ['1', '2']
+
+
+def test_fit_writes_under_out_default_the_working_directory(tmp_path, monkeypatch, capsys):
+  """Through the entry point in this process, with a small grid of starts (the study's grid takes minutes)."""
+  monkeypatch.setattr(scaling_law, 'GRID', {'alpha': (0.2,), 'beta': (0.5,), 'B': (4.0,), 'C': (8.0,)})
   data_dir = tmp_path / 'readonly'
   data_dir.mkdir()
   data = data_dir / 'points.tsv'
@@ -118,9 +136,14 @@ def test_fit_writes_under_out_default_the_working_directory(tmp_path):
   data_dir.chmod(0o555)
   work = tmp_path / 'work'
   work.mkdir()
+  monkeypatch.chdir(work)
   try:
-    out = _run('fit', '--data', str(data), '--log-metric', cwd=work)
+    with pytest.raises(SystemExit) as exit_info:
+      cli.main(['hybrid_jax', 'fit', '--data', str(data), '--log-metric'])
   finally:
     data_dir.chmod(0o755)
-  assert out.returncode == 0, out.stderr
+  assert exit_info.value.code == 0, capsys.readouterr().err
   assert (work / 'points_fit.png').is_file() and sorted(p.name for p in data_dir.iterdir()) == ['points.tsv']
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(['hybrid_jax', 'fit', '--data', str(data), '--log-metric', '--out', str(tmp_path / 'plots')])
+  assert exit_info.value.code == 0 and (tmp_path / 'plots' / 'points_fit.png').is_file()
