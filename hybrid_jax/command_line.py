@@ -46,9 +46,10 @@ def user_errors() -> tuple:
   from hybrid_jax.parallel.mesh import MeshError
   from hybrid_jax.parallel.rules import ShardingRuleError
   from hybrid_jax.runs import RunError
+  from hybrid_jax.train.checkpoint import CheckpointError
   from hybrid_jax.train.workdir_lock import WorkdirBusy
   return (ConfigError, DataError, JsonlError, RunError, HFError, MeshError, ShardingRuleError, EvalError,
-          NeedleError, FitDataError, WorkdirBusy)
+          NeedleError, FitDataError, WorkdirBusy, CheckpointError)
 
 
 def run(fn, *args) -> int:
@@ -58,5 +59,6 @@ def run(fn, *args) -> int:
   except Exception as e:  # pylint: disable=broad-except
     if not isinstance(e, user_errors()):
       raise
-    print(f'error: {e}', file=sys.stderr, flush=True)
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # One line, even for a list of causes.
+    print(f'error: {"; ".join(lines)}', file=sys.stderr, flush=True)
     return USAGE_ERROR

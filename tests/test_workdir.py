@@ -15,7 +15,8 @@ import pytest
 
 from hybrid_jax import runs
 from hybrid_jax.study import collect
-from hybrid_jax.train import config_history, loop, optim, session as session_lib, workdir_lock
+from hybrid_jax import training
+from hybrid_jax.train import config_history, optim, session as session_lib, workdir_lock
 from tests.conftest import ROOT, small_config
 from tests.test_loop import _cli
 
@@ -113,7 +114,7 @@ def test_a_trainer_whose_lease_was_taken_over_stops_before_its_next_checkpoint(s
 
   monkeypatch.setattr(session_lib.Session, 'start', start_then_lose_the_lease)
   with pytest.raises(workdir_lock.WorkdirLost, match='taken over by process 4242 on host other-host'):
-    loop.train(small, tmp_path)
+    training.train(small, tmp_path)
   assert runs.checkpoint_steps(tmp_path) == []
   assert workdir_lock.read_lease(tmp_path)['token'] == 'taker'
 
