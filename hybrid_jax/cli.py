@@ -25,15 +25,12 @@ def _workdir(args, config) -> pathlib.Path:
 
 def cmd_train(args, config):
   """Train (or resume) a run in the workdir and write its report."""
-  from hybrid_jax.parallel import distributed
   from hybrid_jax import training
-  from hybrid_jax.train import loop, session
+  from hybrid_jax.parallel import distributed
+  from hybrid_jax.train import loop
   workdir = _workdir(args, config)
-  try:
+  try:  # A refusal (another trainer holds the workdir, or the config would change the run) is a user error.
     result = training.train(config, workdir)
-  except session.REFUSALS as e:  # Another trainer holds the workdir, or the config would change the run.
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    return 2
   except distributed.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.stdout.flush()

@@ -47,9 +47,9 @@ def user_errors() -> tuple:
   from hybrid_jax.parallel.rules import ShardingRuleError
   from hybrid_jax.runs import RunError
   from hybrid_jax.train.checkpoint import CheckpointError
-  from hybrid_jax.train.workdir_lock import WorkdirBusy
+  from hybrid_jax.train.session import REFUSALS  # Another trainer holds the workdir, or a resume changes the run.
   return (ConfigError, DataError, JsonlError, RunError, HFError, MeshError, ShardingRuleError, EvalError,
-          NeedleError, FitDataError, WorkdirBusy, CheckpointError)
+          NeedleError, FitDataError, CheckpointError, *REFUSALS)
 
 
 def run(fn, *args) -> int:
@@ -59,6 +59,5 @@ def run(fn, *args) -> int:
   except Exception as e:  # pylint: disable=broad-except
     if not isinstance(e, user_errors()):
       raise
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # One line, even for a list of causes.
-    print(f'error: {"; ".join(lines)}', file=sys.stderr, flush=True)
+    print(f'error: {e}', file=sys.stderr, flush=True)  # A message listing several causes keeps a line for each.
     return USAGE_ERROR
