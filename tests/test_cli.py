@@ -57,7 +57,7 @@ def test_command_help_lists_flags_with_defaults(command, flags):
 def test_every_command_help_exits_0_in_process(capsys):
   """The same parsers, in one process (a subprocess each would cost seconds): every flag has a help line."""
   for command in [*cli.COMMANDS, *cli.RAW_COMMANDS, 'bench attention', 'bench scan', 'bench decode', 'bench step',
-                  'hf export', 'hf import', 'analyze probing']:
+                  'bench data', 'hf export', 'hf import', 'analyze probing']:
     with pytest.raises(SystemExit) as exit_info:
       cli.main(['hybrid_jax', *command.split(), '--help'])
     assert exit_info.value.code == 0, command

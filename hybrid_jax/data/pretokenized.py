@@ -205,8 +205,8 @@ def main(argv) -> int:
   """`python -m hybrid_jax pretokenize --config=FILE[:ARG] [--config.KEY=VALUE ...] --out DIR`."""
   from hybrid_jax.study import plan  # pylint: disable=g-import-not-at-top
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=__doc__.split('\n\n')[0],
-                                   epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
-                                   '--config as for train.')
+                                       epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
+                                       '--config as for train.')
   parser.add_argument('--config', required=True, help='config file[:arg], as for train')
   parser.add_argument('--out', required=True, help='directory to write (shards + manifest.json)')
   parser.add_argument('--shard-tokens', type=int, default=DEFAULT_SHARD_TOKENS, help='tokens per shard, at most')
