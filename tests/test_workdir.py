@@ -94,6 +94,7 @@ def test_a_model_change_is_refused_and_a_learning_rate_change_is_recorded_with_i
 
   # The logged learning rate is each step's own config's schedule: the old one to step 12, the new one after.
   old, new = small_config(), small_config()
+  old.train.update(lr=0.0015)  # The main job's rate, which the command line ran with.
   new.train.update(lr=1e-2, steps=16)
   old_lr, new_lr = optim.make_schedule(old.train), optim.make_schedule(new.train)
   logged = {r['step']: r['lr'] for r in map(json.loads, (workdir / 'metrics.jsonl').read_text().splitlines())
