@@ -88,12 +88,15 @@ def get_config(arg=None):
 
   # ----------------------------------------------------------------------------------------------- train
   t = c.train = ml_collections.ConfigDict()
-  t.steps = 300  # Optimizer steps.
+  # Defaults derived from steps follow an override of steps (--config.train.steps=N): they are lazy references
+  # (ml_collections.FieldReference), resolved when read; setting one of them explicitly replaces the reference.
+  steps = ml_collections.FieldReference(300)
+  t.steps = steps  # Optimizer steps.
   t.batch_size = 8  # Global sequences per optimizer step.
   t.grad_accum = 1  # Micro-batches per step (batch_size must divide evenly).
   t.lr = 3e-3  # Peak learning rate.
   t.schedule = 'wsd'  # 'wsd' (warmup-stable-decay, MiniCPM) | 'cosine' | 'constant' (after warmup).
-  t.warmup_steps = 30  # Linear warmup from 0.
+  t.warmup_steps = steps // 10  # Linear warmup from 0 (default: a tenth of the steps).
   t.decay_fraction = 0.2  # 'wsd': fraction of steps in the final decay.
   t.min_lr_ratio = 0.1  # Final lr / peak lr for 'wsd' and 'cosine'.
   t.b1 = 0.9  # AdamW beta1.
@@ -107,9 +110,9 @@ def get_config(arg=None):
   # sequence. Study scales use 2048 (8 x 16K x 73K-vocab logits would be 38 GB in float32).
   t.loss_chunk = 0
   t.log_every = 10  # Steps between metric writes.
-  t.eval_every = 100  # Steps between held-out evaluations; 0 = only at the end.
+  t.eval_every = (steps + 2) // 3  # Steps between held-out evaluations (3 per run); 0 = only at the end.
   t.eval_batches = 4  # Held-out batches per evaluation.
-  t.checkpoint_every = 100  # Steps between checkpoints (also written at the end and on SIGTERM).
+  t.checkpoint_every = (steps + 2) // 3  # Steps between checkpoints (also at the end and on SIGTERM); 3 per run.
   t.keep_checkpoints = 3  # Checkpoints kept on disk.
   t.async_checkpointing = True  # Write checkpoints in the background.
   t.progress = True  # Progress line with tokens/s and ETA.

@@ -45,7 +45,9 @@ SCALES = {
         model=dict(d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, d_ff=320,
                    vocab_size=257, dtype='float32'),
         data=dict(seq_len=512),
-        train=dict(steps=300, batch_size=8, lr=3e-3, warmup_steps=30),
+        # Warmup, eval and checkpoint intervals follow steps. Every held-out evaluation reads the same 8 batches as
+        # the final one, so the curve compares like with like (BENCHMARKS.md, the main job's curve).
+        train=dict(steps=300, batch_size=8, lr=1.5e-3, eval_batches=8),
     ),
     's1': dict(model=dict(d_model=384, num_layers=10, num_heads=6, d_ff=960)),
     's2': dict(model=dict(d_model=512, num_layers=12, num_heads=8, d_ff=1280)),

@@ -1,7 +1,8 @@
-"""Command-line entry: `python -m hybrid_jax <command> [--config=FILE[:ARG]] [--config.key=value ...]`.
+"""Command-line entry: `python -m hybrid_jax <command> [flags]`; `python -m hybrid_jax --help` lists the commands.
 
-Commands are a registry (name -> function of the parsed flags); each validates its config before anything
-compiles. `python -m hybrid_jax help` lists them.
+Every command parses its own flags with argparse (hybrid_jax.command_line): `--help` lists them with their defaults,
+and bad input is one `error: …` line with exit status 2. The commands that read a config take `--config=FILE[:ARG]`
+and any number of `--config.KEY=VALUE` overrides, and validate it before anything compiles.
 """
 
 import json
@@ -9,68 +10,49 @@ import os
 import pathlib
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
-from hybrid_jax.config import ConfigError, validate
+from hybrid_jax import command_line
+from hybrid_jax.config import ConfigError, apply_overrides, load_config_file, validate
 
 DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'hybrid.py') + \
     ':arch=swa128_nope,scale=tiny'
-
-_CONFIG = config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Config file[:arg] (ml_collections).',
-                                          lock_config=True)
-_DEVICES = flags.DEFINE_integer('devices', None, 'shardings / compile-check: device count of the target mesh '
-                                '(default: the devices present; compile-check fakes that many CPU devices).')
-_TOPOLOGY = flags.DEFINE_list('topology', None, "compile-check: TPU topologies such as 'v5p:4x4x4,v6e:4x4' "
-                              '(libtpu compiles for them on any host; no TPU needed)')
-_NUM_SLICES = flags.DEFINE_integer('num_slices', 1, 'compile-check: slices of each topology, joined over the '
-                                   'data-center network (multislice; the dcn_* mesh axes)')
-_SWEEP = flags.DEFINE_string('sweep', None, 'compile-check: check every distinct step of a sweep FILE:NAME '
-                             '(e.g. configs/sweep.py:main) instead of --config')
-_BUDGET = flags.DEFINE_float('memory_budget_gib', None, 'compile-check: the per-device memory limit in GiB '
-                             "(default: the chip's HBM; needed for CPU meshes)")
-_JSON = flags.DEFINE_string('json', None, 'compile-check: also write every row (and the fixes tried) to this file')
-_FIND_FIT = flags.DEFINE_bool('find_fit', True, 'compile-check: when a step does not fit, compile the changes '
-                              'that trade speed for memory and report the first that fits')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics, report). '
-                               'Default: runs/<config.name>.')
+OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --config.train.steps=100 '
+                  '--config.model.window=64); the keys and their defaults are in configs/base.py.')
 
 
-def _workdir(config) -> pathlib.Path:
-  return pathlib.Path(_WORKDIR.value or pathlib.Path('runs') / config.name)
+def _workdir(args, config) -> pathlib.Path:
+  return pathlib.Path(args.workdir or pathlib.Path('runs') / config.name)
 
 
-def cmd_train(config):
+def cmd_train(args, config):
   """Train (or resume) a run in the workdir and write its report."""
+  from hybrid_jax import training
   from hybrid_jax.parallel import distributed
-  from hybrid_jax.train import loop, session
-  try:
-    result = loop.train(config, _workdir(config))
-  except session.REFUSALS as e:  # Another trainer holds the workdir, or the config would change the run.
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    return 2
+  from hybrid_jax.train import loop
+  workdir = _workdir(args, config)
+  try:  # A refusal (another trainer holds the workdir, or the config would change the run) is a user error.
+    result = training.train(config, workdir)
   except distributed.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)  # A normal exit would wait at jax's shutdown barrier for the dead process and abort.
   print(loop.summary_line(result))
-  print(f'report: {_workdir(config) / "report.json"}')
+  print(f'report: {workdir / "report.json"}')
   return 0 if result['status'] == 'completed' else 143
 
 
-def cmd_params(config):
+def cmd_params(args, config):  # pylint: disable=unused-argument
   """Print parameter counts (non_embedding, embedding, total, per layer) as one JSON object."""
   from hybrid_jax.models.counting import param_counts
   print(json.dumps(param_counts(config.model), indent=2))
   return 0
 
 
-def cmd_shardings(config):
+def cmd_shardings(args, config):
   """Print each parameter's sharding on the configured mesh and flag tensors left replicated."""
   import jax
   from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
   from hybrid_jax.train import state as state_lib
-  ici, dcn = mesh_lib.mesh_shape(config.parallel, _DEVICES.value or jax.device_count())
+  ici, dcn = mesh_lib.mesh_shape(config.parallel, args.devices or jax.device_count())
   shape = {a: ici[a] * dcn[a] for a in mesh_lib.AXES}
   _, text = mesh_lib.sharding_report(state_lib.make_model_def(config.model), rules_lib.parse_rules(
       config.parallel.rules), shape)
@@ -78,20 +60,20 @@ def cmd_shardings(config):
   return 0
 
 
-def _compile_targets():
+def _compile_targets(args):
   from hybrid_jax.parallel import compile_check
-  if _TOPOLOGY.value:
-    return [compile_check.tpu_target(t, _NUM_SLICES.value) for t in _TOPOLOGY.value]
-  return [compile_check.fake_cpu_target(_DEVICES.value)]
+  if args.topology:
+    return [compile_check.tpu_target(t, args.num_slices) for t in args.topology]
+  return [compile_check.fake_cpu_target(args.devices)]
 
 
-def _compile_configs(config):
+def _compile_configs(args, config):
   """--config, or the distinct compiled steps of --sweep (runs that differ only in length compile the same)."""
-  if not _SWEEP.value:
+  if not args.sweep:
     return [config]
   from hybrid_jax.study import plan
   seen, out = set(), []
-  for run in plan.sweep_runs(_SWEEP.value):
+  for run in plan.sweep_runs(args.sweep):
     c = plan.load_run(run)[2]
     key = json.dumps([c.model.to_dict(), c.data.seq_len, c.train.batch_size, c.train.grad_accum,
                       c.train.loss_chunk, c.parallel.to_dict()], sort_keys=True, default=str)
@@ -101,23 +83,23 @@ def _compile_configs(config):
   return out
 
 
-def cmd_compile_check(config):
+def cmd_compile_check(args, config):
   """Compile the train step for target meshes without running it: fit, memory, FLOPs, estimated step time."""
   from hybrid_jax.parallel import compile_check, mesh as mesh_lib, rules as rules_lib
-  limit = _BUDGET.value * 2**30 if _BUDGET.value else None
+  limit = args.memory_budget_gib * 2**30 if args.memory_budget_gib else None
   rows = []
   try:
-    targets = _compile_targets()
+    targets = _compile_targets(args)
     print(compile_check.table([]), flush=True)  # Rows follow as they compile (minutes each at study scale).
-    for c in _compile_configs(config):
+    for c in _compile_configs(args, config):
       for target in targets:
-        rows.append(compile_check.check(c, target, memory_limit=limit, find_fit=_FIND_FIT.value))
+        rows.append(compile_check.check(c, target, memory_limit=limit, find_fit=args.find_fit))
         print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
   except (mesh_lib.MeshError, rules_lib.ShardingRuleError, ConfigError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  if _JSON.value:
-    pathlib.Path(_JSON.value).write_text(json.dumps(rows, indent=2) + '\n')
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(rows, indent=2) + '\n')
   tight = [r for r in rows if r.get('fits') is False]
   for r in tight:
     peak = r.get('per_device_bytes', {}).get('peak')
@@ -130,46 +112,121 @@ def cmd_compile_check(config):
   return 3 if tight else 0
 
 
-COMMANDS = {'train': cmd_train, 'params': cmd_params, 'shardings': cmd_shardings,
-            'compile-check': cmd_compile_check}
-# Commands with their own argument parsing (no --config): name -> 'module:function(argv)'.
+def _add_config_flags(parser):
+  parser.add_argument('--config', default=DEFAULT_CONFIG, metavar='FILE[:ARG]',
+                      help="config file and its argument, e.g. configs/hybrid.py:arch=gdn,scale=s1 (get_config(ARG))")
+
+
+def _add_devices_flag(parser, what):
+  parser.add_argument('--devices', type=int, default=None,
+                      help=f'device count of the target mesh (None: the devices present{what})')
+
+
+def _add_train_flags(parser):
+  parser.add_argument('--workdir', default=None,
+                      help='run directory (checkpoints, metrics, report); None means runs/<config.name>')
+
+
+def _add_shardings_flags(parser):
+  _add_devices_flag(parser, '')
+
+
+def _comma_list(text):
+  return [part for part in text.split(',') if part]
+
+
+def _add_compile_check_flags(parser):
+  _add_devices_flag(parser, '; without --topology that many CPU devices are faked')
+  parser.add_argument('--topology', type=_comma_list, default=None,
+                      help="TPU topologies such as 'v5p:4x4x4,v6e:4x4' (libtpu compiles for them on any host; "
+                      'no TPU needed)')
+  parser.add_argument('--num_slices', type=int, default=1,
+                      help='slices of each topology, joined over the data-center network (multislice; the dcn_* '
+                      'mesh axes)')
+  parser.add_argument('--sweep', default=None, metavar='FILE:NAME',
+                      help='check every distinct step of a sweep (e.g. configs/sweep.py:main) instead of --config')
+  parser.add_argument('--memory_budget_gib', type=float, default=None,
+                      help="the per-device memory limit in GiB (default: the chip's HBM; needed for CPU meshes)")
+  parser.add_argument('--json', default=None, metavar='FILE',
+                      help='also write every row (and the fixes tried) to this file')
+  parser.add_argument('--find_fit', dest='find_fit', action='store_true', default=True,
+                      help='when a step does not fit, compile the changes that trade speed for memory and report '
+                      'the first that fits')
+  parser.add_argument('--nofind_fit', dest='find_fit', action='store_false', help='do not search for a fit')
+
+
+# Commands that read a config: name -> (function of (args, config), function adding its own flags).
+COMMANDS = {'train': (cmd_train, _add_train_flags), 'params': (cmd_params, lambda parser: None),
+            'shardings': (cmd_shardings, _add_shardings_flags),
+            'compile-check': (cmd_compile_check, _add_compile_check_flags)}
+# Commands with their own parser and no --config: name -> 'module:function(argv)'.
 RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data.tfds_local:main',
                 'fit': 'hybrid_jax.analysis.scaling_law:main', 'eval': 'hybrid_jax.eval.cli:main',
                 'analyze': 'hybrid_jax.analysis.cli:main',
                 'plan': 'hybrid_jax.study.plan:main', 'collect': 'hybrid_jax.study.collect:main',
-                'study': 'hybrid_jax.study.mini:main'}
-RAW_COMMANDS['hf'] = 'hybrid_jax.hf.cli:main'  # hf export | hf import (transformers checkpoints)
-RAW_COMMANDS['pretokenize'] = 'hybrid_jax.data.pretokenized:main'  # tokenize a corpus once into ArrayRecord shards
+                'study': 'hybrid_jax.study.mini:main', 'hf': 'hybrid_jax.hf.cli:main',
+                'pretokenize': 'hybrid_jax.data.pretokenized:main'}
+RAW_SUMMARIES = {'bench': 'time kernels, decoding and the sharded train step (attention, scan, decode, step)',
+                 'build-tfds': 'write text files as a local TFDS dataset (data.source=tfds)',
+                 'fit': 'fit a scaling law to study points and plot it',
+                 'eval': 'evaluate a run: perplexity, long-context perplexity, NIAH, RULER, LongBench',
+                 'analyze': 'dissect a trained run: probing, restriction, tracing, retrieval heads, influence',
+                 'plan': 'tokens, FLOPs and accelerator-hours of a sweep, and its launch lines',
+                 'collect': 'gather finished runs into a scaling-law points table',
+                 'study': 'train, evaluate and fit a small scaling study end to end',
+                 'hf': 'export a run as a transformers checkpoint, or import one as a run',
+                 'pretokenize': 'tokenize a corpus once into ArrayRecord shards (data.source=pretokenized)'}
 
 
-def _usage() -> str:
-  lines = ['usage: python -m hybrid_jax <command> [flags]', 'commands:']
-  lines += [f'  {name:13s} {fn.__doc__.strip().splitlines()[0]}' for name, fn in COMMANDS.items()]
-  lines += [f'  {name:13s} see python -m hybrid_jax {name} --help' for name in RAW_COMMANDS]
+def _command_list() -> str:
+  lines = ['commands (python -m hybrid_jax COMMAND --help lists its flags):']
+  lines += [f'  {name:14s} {fn.__doc__.strip().splitlines()[0]}' for name, (fn, _) in COMMANDS.items()]
+  lines += [f'  {name:14s} {RAW_SUMMARIES[name]}' for name in RAW_COMMANDS]
   return '\n'.join(lines)
+
+
+def _top_parser():
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax', description=__doc__.splitlines()[0],
+                                       epilog=_command_list())
+  parser.add_argument('command', metavar='COMMAND', choices=[*COMMANDS, *RAW_COMMANDS],
+                      help='one of the commands below')
+  parser.add_argument('args', nargs='...', help="the command's flags")
+  return parser
+
+
+def command_parser(command: str):
+  """The parser of a config-reading command (its own flags and --config)."""
+  fn, add_flags = COMMANDS[command]
+  parser = command_line.ArgumentParser(prog=f'python -m hybrid_jax {command}', description=fn.__doc__.strip(),
+                                       epilog=OVERRIDES_HELP)
+  _add_config_flags(parser)
+  add_flags(parser)
+  return parser
+
+
+def load_config(spec: str, overrides):
+  """The validated config of `--config=FILE[:ARG]` and its `--config.KEY=VALUE` overrides, in order."""
+  config = load_config_file(spec)
+  apply_overrides(config, overrides)
+  config.lock()
+  return validate(config)
+
+
+def _run_config_command(command: str, argv) -> int:
+  parser = command_parser(command)
+  args, rest = parser.parse_known_args(argv)
+  if rest and not rest[0].startswith('--config.'):
+    parser.error(f'unrecognized arguments: {" ".join(rest)}')
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+  return COMMANDS[command][0](args, load_config(args.config, rest))
 
 
 def main(argv=None):
   argv = list(sys.argv if argv is None else argv)
-  if len(argv) < 2 or argv[1] in ('help', '-h', '--help'):
-    print(_usage())
-    sys.exit(0 if len(argv) >= 2 else 2)
-  command, rest = argv[1], argv[2:]
-  if command in RAW_COMMANDS:
-    module_name, fn_name = RAW_COMMANDS[command].split(':')
+  args = _top_parser().parse_args(argv[1:])
+  if args.command in RAW_COMMANDS:
+    module_name, fn_name = RAW_COMMANDS[args.command].split(':')
     module = __import__(module_name, fromlist=[fn_name])
-    sys.exit(getattr(module, fn_name)(rest))
-  if command not in COMMANDS:
-    print(f'unknown command {command!r}\n{_usage()}', file=sys.stderr)
-    sys.exit(2)
-
-  def run(_):
-    try:
-      config = validate(_CONFIG.value)
-    except ConfigError as e:
-      print(f'error: {e}', file=sys.stderr)
-      return 2
-    return COMMANDS[command](config)
-
-  logging.set_verbosity(logging.WARNING)
-  app.run(run, argv=[f'{argv[0]} {command}'] + rest)
+    sys.exit(command_line.run(getattr(module, fn_name), args.args))
+  sys.exit(command_line.run(_run_config_command, args.command, args.args))

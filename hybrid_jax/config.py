@@ -4,8 +4,11 @@ Every error names the key, the value it had and what is allowed, so a typo in a 
 instead of after a compile.
 """
 
+import ast
+import difflib
 import importlib.util
 import pathlib
+import re
 
 import ml_collections
 
@@ -32,14 +35,59 @@ class ConfigError(ValueError):
 def key_parent(config, key: str, what: str):
   """(parent ConfigDict, leaf name) of dotted `key`; ConfigError naming `what` (e.g. '--set model.x') if absent."""
   *parents, leaf = key.split('.')
-  node = config
-  for part in parents:
-    if part not in node:
-      raise ConfigError(f'{what}: config.{part} does not exist')
-    node = node[part]
-  if leaf not in node:
-    raise ConfigError(f'{what}: config.{key} does not exist (keys are listed in configs/base.py)')
-  return node, leaf
+  node, path = config, 'config'
+  for part in [*parents, leaf]:
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      near = difflib.get_close_matches(part, list(node.keys()) if isinstance(node, ml_collections.ConfigDict)
+                                       else [], n=1)
+      hint = f'did you mean {path}.{near[0]}? ' if near else ''
+      raise ConfigError(f'{what}: config.{key} does not exist ({hint}keys are listed in configs/base.py)')
+    parent, node, path = node, node[part], f'{path}.{part}'
+  return parent, leaf
+
+
+def _parse_value(current, text: str):
+  """`text` as the type the key already has, the way absl's config flags parse an override."""
+  if isinstance(current, bool):
+    if text.lower() not in ('true', 'false', '1', '0'):
+      raise ValueError(f'expected true or false, got {text!r}')
+    return text.lower() in ('true', '1')
+  if isinstance(current, (int, float)):
+    return type(current)(float(text) if isinstance(current, float) else int(text))
+  if isinstance(current, (tuple, list)):
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = tuple(part.strip() for part in text.split(',') if part.strip())
+    return type(current)(value if isinstance(value, (tuple, list)) else (value,))
+  return text
+
+
+def apply_override(config, key: str, text: str):
+  """Sets dotted `key` of `config` from the command-line text `text`; ConfigError naming the key if it cannot."""
+  node, leaf = key_parent(config, key, f'--config.{key}')
+  try:
+    node[leaf] = _parse_value(node[leaf], text)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f'--config.{key}={text!r}: {e}') from e
+
+
+def apply_overrides(config, tokens) -> list[str]:
+  """Applies `--config.KEY=VALUE` (or `--config.KEY VALUE`) tokens in order; returns them as KEY=VALUE tokens."""
+  tokens, applied = list(tokens), []
+  while tokens:
+    token = tokens.pop(0)
+    m = re.fullmatch(r'--config\.([\w.]+)(?:=(.*))?', token, re.S)
+    if not m:
+      raise ConfigError(f'{token!r} is not a --config.KEY=VALUE override')
+    value = m.group(2)
+    if value is None:
+      if not tokens:
+        raise ConfigError(f'{token} needs a value (--config.KEY=VALUE)')
+      value = tokens.pop(0)
+    apply_override(config, m.group(1), value)
+    applied.append(f'--config.{m.group(1)}={value}')
+  return applied
 
 
 def load_python_file(path, kind: str):

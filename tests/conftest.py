@@ -61,7 +61,7 @@ def tiny_run(tmp_path_factory):
 
   Tools that read runs (eval, analysis) test against it; treat it as read-only.
   """
-  from hybrid_jax.train import loop
+  from hybrid_jax import training
   workdir = tmp_path_factory.mktemp('tiny_run')
-  loop.train(small_config(), workdir)
+  training.train(small_config(), workdir)
   return workdir

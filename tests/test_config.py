@@ -41,6 +41,7 @@ def test_the_main_job_and_study_scales_are_configured_as_benchmarks_md_records()
       128, 4, 4, 2, 32, 320, 257)
   assert counting.param_counts(m)['total'] == 755_072 and m.dtype == 'float32'
   assert (c.train.batch_size, c.data.seq_len, c.train.steps) == (8, 512, 300)
+  assert (c.train.lr, c.train.warmup_steps, c.train.eval_every, c.train.eval_batches) == (1.5e-3, 30, 100, 8)
   for scale in ('s1', 's2', 's3', 's4', 's5'):
     s = study_config('swa128', scale).model
     assert (s.dtype, s.remat, s.scan_layers) == ('bfloat16', 'save_dots', True), scale

@@ -207,13 +207,14 @@ def test_every_arch_under_every_mesh_matches_one_device(arch):
 # ----------------------------------------------------------------------------- checkpoints across topologies
 _TRAIN = '''
 import json, sys
-from hybrid_jax.train import loop, metrics
+from hybrid_jax import training
+from hybrid_jax.train import metrics
 from tests.conftest import small_config
 workdir, shape, steps = sys.argv[1], tuple(json.loads(sys.argv[2])), int(sys.argv[3])
 c = small_config(dtype='float32')
 c.train.update(dict(batch_size=8, steps=steps, checkpoint_every=3, async_checkpointing=False))
 c.parallel.data, c.parallel.fsdp, c.parallel.tensor = shape
-result = loop.train(c, workdir)
+result = training.train(c, workdir)
 losses = {r['step']: r['loss'] for r in metrics.read_jsonl(workdir + '/metrics.jsonl') if r['kind'] == 'train'}
 print(json.dumps({'resumed_from': result['resumed_from'], 'mesh': result['mesh'], 'losses': losses}))
 '''

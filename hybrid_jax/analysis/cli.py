@@ -7,6 +7,8 @@ PNG into `<workdir>/analysis/` (or --out) and prints the JSON path and a one-lin
 import argparse
 import sys
 
+from hybrid_jax import command_line
+
 TOOLS = ('retrieval-heads', 'tracing', 'tracing-overlay', 'restriction', 'probing', 'gradient-influence')
 
 
@@ -24,9 +26,8 @@ def _floats(text):
     raise argparse.ArgumentTypeError(f'expected comma-separated numbers, got {text!r}') from None
 
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax analyze', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> command_line.ArgumentParser:
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax analyze', description=__doc__)
   sub = parser.add_subparsers(dest='tool', metavar='TOOL', required=True)
 
   def tool(name, help_text, workdir=True):
@@ -35,9 +36,9 @@ def _parser() -> argparse.ArgumentParser:
       p.add_argument('--workdir', required=True, help='run directory (config.json + checkpoints/)')
       p.add_argument('--step', type=int, default=None, help='checkpoint step (default: the newest)')
     p.add_argument('--out', default=None, help='output folder (default: <workdir>/analysis)')
-    p.add_argument('--seed', type=int, default=42)
-    p.add_argument('--batch-size', type=int, default=8)
-    p.add_argument('--no-progress', action='store_true')
+    p.add_argument('--seed', type=int, default=42, help='seed of the prompts and documents')
+    p.add_argument('--batch-size', type=int, default=8, help='sequences per forward pass')
+    p.add_argument('--no-progress', action='store_true', help='no progress lines on stderr')
     return p
 
   def needle_args(p, default_source):
@@ -48,17 +49,17 @@ def _parser() -> argparse.ArgumentParser:
 
   p = tool('retrieval-heads', 'Score every attention head as a retrieval head (two definitions); heat map.')
   needle_args(p, 'niah_single_1')
-  p.add_argument('--top-k', type=int, default=4)
+  p.add_argument('--top-k', type=int, default=4, help='heads listed as the strongest')
 
   p = tool('tracing', 'Entropy and Q/K weight distance of retrieval heads over all saved checkpoints.')
   needle_args(p, 'study')
   p.add_argument('--heads', default='', help='LAYER:HEAD,... (default: top-k of the final checkpoint)')
-  p.add_argument('--top-k', type=int, default=4)
+  p.add_argument('--top-k', type=int, default=4, help='heads traced when --heads is empty')
   p.add_argument('--reference-step', type=int, default=None, help='weights compared against (default: final)')
 
   p = tool('tracing-overlay', 'Overlay the traces of several runs on one plot.', workdir=False)
   p.add_argument('--runs', nargs='+', required=True, help='run directories or tracing.json files')
-  p.add_argument('--labels', nargs='*', default=None)
+  p.add_argument('--labels', nargs='*', default=None, help='legend labels, one per run (default: run names)')
 
   p = tool('restriction', 'Metrics with full-attention or efficient layers restricted to a window W (+ S sinks).')
   p.add_argument('--windows', type=_ints, required=True, help='comma-separated windows W, e.g. 512,2048')
@@ -75,13 +76,13 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--longppl-spans', default=None, help='folder of slice_<i>.txt key spans')
 
   p = tool('probing', 'Per-layer logistic-regression probes for the needle value.')
-  p.add_argument('--samples', type=int, default=400)
+  p.add_argument('--samples', type=int, default=400, help='needle prompts probed')
   p.add_argument('--length', type=int, default=None, help='prompt length in tokens (default: data.seq_len)')
-  p.add_argument('--haystack', choices=('repeat', 'essay'), default='repeat')
+  p.add_argument('--haystack', choices=('repeat', 'essay'), default='repeat', help='filler text around the needle')
 
   p = tool('gradient-influence', 'G(d): mean gradient norm of the output w.r.t. the input d tokens back.')
   p.add_argument('--context', type=int, default=None, help='tokens per document (default: data.seq_len)')
-  p.add_argument('--samples', type=int, default=16)
+  p.add_argument('--samples', type=int, default=16, help='documents averaged')
   p.add_argument('--last', type=int, default=20, help='positions averaged in s')
   return parser
 

@@ -1,8 +1,9 @@
 """Scaling-law fits y = b·N^(−α) + c·D^(−β) (+ a), by the study's method.
 
 Fit in log space: with b = e^B, c = e^C (a = e^A), predict log y = logsumexp(B − α ln N, C − β ln D [, A]) and
-minimise the summed Huber loss (δ = 1e-3) of log-space residuals with L-BFGS-B from a grid of starts, then refit the
-best start with tighter tolerances. Fitting in log space with logsumexp keeps every term positive and the problem
+minimise the summed Huber loss (δ = 1e-3) of log-space residuals with L-BFGS-B from a grid of starts, then polish the
+best starts (tight L-BFGS-B, then Powell from its end point, until the loss stops improving) and report the lowest.
+Fitting in log space with logsumexp keeps every term positive and the problem
 well conditioned across orders of magnitude of N and D. Goodness of fit (R², RMSE, MAE) is reported on y itself.
 """
 
@@ -17,6 +18,8 @@ import re
 import numpy as np
 from scipy import optimize, special
 
+from hybrid_jax import command_line
+
 FORMULAS = ('no_constant', 'chinchilla')
 HUBER_DELTA = 1e-3
 # The study states maxiter and ftol only. SciPy's default gtol (1e-5) stops L-BFGS-B at once here, because Huber
@@ -29,6 +32,12 @@ GRID = {  # The study's grid of starts.
     'C': (0.0, 1.0, 2.0, 8.0, 10.0, 12.0),
     'A': (-2.0, 0.0, 1.0),  # Chinchilla only; the study does not state this grid (our choice).
 }
+
+
+POLISHED_STARTS = 3  # The best grid starts polished to the bottom of their basins; the lowest is reported.
+POLISH_TOL = 1e-13  # A polishing round that improves the loss by less than this ends the polish.
+POLISH_ROUNDS = 50
+LOG_COEF_BOUND = 100.0
 
 
 class FitDataError(ValueError):
@@ -130,8 +139,26 @@ def _objective(x, names, formula, points):
   return float(np.sum(special.huber(HUBER_DELTA, r))), np.array([grad[k] for k in names])
 
 
+def polish(x, names, formula, points, bounds):
+  """(x, loss) at the bottom of x's basin: tight L-BFGS-B, then Powell (derivative-free) from its end point,
+  repeated until a round improves the loss by less than POLISH_TOL (L-BFGS-B alone stalls on the flat valley)."""
+  loss = _objective(x, names, formula, points)[0]
+  for _ in range(POLISH_ROUNDS):
+    lbfgs = optimize.minimize(_objective, x, args=(names, formula, points), method='L-BFGS-B', jac=True,
+                              bounds=bounds, options={'maxiter': 100_000, 'ftol': 1e-15, 'gtol': 1e-14, 'maxcor': 50})
+    powell = optimize.minimize(lambda z: _objective(z, names, formula, points)[0], lbfgs.x, method='Powell',
+                               bounds=bounds, options={'xtol': 1e-12, 'ftol': 1e-15, 'maxiter': 100_000})
+    step = min((lbfgs, powell), key=lambda r: r.fun)
+    if not step.fun < loss - POLISH_TOL:
+      if step.fun < loss:
+        x, loss = step.x, float(step.fun)
+      break
+    x, loss = step.x, float(step.fun)
+  return np.asarray(x), float(loss)
+
+
 def fit(points: Points, *, formula='no_constant', alpha_bounds=(0.2, 0.3), grid=None) -> dict:
-  """Best-of-grid L-BFGS-B fit, then a refit; returns {'b','alpha','c','beta'[, 'a'], 'loss', 'starts'}.
+  """Best-of-grid L-BFGS-B fit, the best starts polished; returns {'b','alpha','c','beta'[, 'a'], 'loss', 'starts'}.
 
   `grid` overrides some of the start values (name -> tuple); the default is the study's grid.
   """
@@ -141,20 +168,24 @@ def fit(points: Points, *, formula='no_constant', alpha_bounds=(0.2, 0.3), grid=
   names = _names(formula)
   if len(points.y) < len(names):
     raise FitDataError(f'{len(points.y)} points cannot determine {len(names)} parameters')
-  bounds = [alpha_bounds, (0.0, None), (None, None), (None, None), (None, None)][:len(names)]
-  best = None
+  # Log-coefficients are bounded far outside any real law (e^±100), so a polish on data with no law in it (a flat
+  # valley running off to infinity) stops at finite coefficients.
+  log_bound = (-LOG_COEF_BOUND, LOG_COEF_BOUND)
+  bounds = [alpha_bounds, (0.0, None), log_bound, log_bound, log_bound][:len(names)]
+  starts = []
   for start in itertools.product(*(grid[name] for name in names)):
     res = optimize.minimize(_objective, np.array(start), args=(names, formula, points), method='L-BFGS-B',
                             jac=True, bounds=bounds, options={'maxiter': 3000, 'ftol': 1e-6, 'gtol': GTOL})
-    if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
-      best = res
-  refit = optimize.minimize(_objective, best.x, args=(names, formula, points), method='L-BFGS-B', jac=True,
-                            bounds=bounds, options={'maxiter': 20000, 'ftol': 1e-8, 'gtol': GTOL})
-  theta = dict(zip(names, (refit if refit.fun <= best.fun else best).x))
+    if np.isfinite(res.fun):
+      starts.append(res)
+  polished = [polish(res.x, names, formula, points, bounds)
+              for res in sorted(starts, key=lambda r: r.fun)[:POLISHED_STARTS]]
+  x, loss = min(polished, key=lambda p: p[1])
+  theta = dict(zip(names, x))
   out = {'b': math.exp(theta['B']), 'alpha': theta['alpha'], 'c': math.exp(theta['C']), 'beta': theta['beta']}
   if formula == 'chinchilla':
     out['a'] = math.exp(theta['A'])
-  out.update(loss=float(min(refit.fun, best.fun)), starts=int(np.prod([len(grid[k]) for k in names])))
+  out.update(loss=float(loss), starts=int(np.prod([len(grid[k]) for k in names])))
   return out
 
 
@@ -215,18 +246,18 @@ def plot_fit(points: Points, coefs: dict, path, *, ylabel='metric') -> None:
 
 
 def main(argv) -> int:
-  """`python -m hybrid_jax fit --data FILE --formula ... [--log-metric] [--holdout largest]`: prints one JSON."""
-  import argparse
+  """`python -m hybrid_jax fit --data FILE [--out DIR]`: prints the fit as one JSON object and plots it in DIR."""
   import sys
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax fit', description=main.__doc__)
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax fit', description=main.__doc__)
   parser.add_argument('--data', required=True, help='TSV/CSV/JSON with n (or N), tokens/D or token_multiplier, '
                       'and the metric column')
-  parser.add_argument('--formula', choices=FORMULAS, default='no_constant')
-  parser.add_argument('--metric-column', default='loss')
+  parser.add_argument('--formula', choices=FORMULAS, default='no_constant', help='the law fitted')
+  parser.add_argument('--metric-column', default='loss', help='column of the metric fitted')
   parser.add_argument('--log-metric', action='store_true', help='fit ln(metric), e.g. ln(LongPPL)')
-  parser.add_argument('--holdout', choices=('largest', 'none'), default='largest')
+  parser.add_argument('--holdout', choices=('largest', 'none'), default='largest', 
+                      help='points left out of the fit and scored: the largest model, or none')
   parser.add_argument('--alpha-bounds', default='0.2,0.3', help='lower,upper bound of alpha')
-  parser.add_argument('--plot', default=None, help='PNG path (default: next to --data, <stem>_fit.png)')
+  parser.add_argument('--out', default='.', help='folder for the outputs (the plot <data stem>_fit.png)')
   args = parser.parse_args(argv)
   try:
     low, high = (float(x) for x in args.alpha_bounds.split(','))
@@ -235,7 +266,9 @@ def main(argv) -> int:
   except (FitDataError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  plot = pathlib.Path(args.plot or pathlib.Path(args.data).with_name(pathlib.Path(args.data).stem + '_fit.png'))
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  plot = out / f'{pathlib.Path(args.data).stem}_fit.png'
   ylabel = f'ln({args.metric_column})' if args.log_metric else args.metric_column
   plot_fit(points, result, plot, ylabel=ylabel)
   result['plot'] = str(plot)

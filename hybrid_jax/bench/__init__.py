@@ -5,6 +5,8 @@ Benchmarks are programs, never timed tests: timings depend on the machine and ar
 
 import importlib
 
+from hybrid_jax import command_line
+
 BENCHMARKS = {'attention': 'hybrid_jax.bench.attention', 'scan': 'hybrid_jax.bench.scan',
               'decode': 'hybrid_jax.bench.decode', 'step': 'hybrid_jax.bench.step',
               'data': 'hybrid_jax.bench.data'}
@@ -12,7 +14,9 @@ BENCHMARKS = {'attention': 'hybrid_jax.bench.attention', 'scan': 'hybrid_jax.ben
 
 def main(argv) -> int:
   """`python -m hybrid_jax bench NAME [args]`: runs one benchmark program."""
-  if not argv or argv[0] not in BENCHMARKS:
-    print(f'usage: python -m hybrid_jax bench {{{",".join(BENCHMARKS)}}} [--help]')
-    return 0 if argv and argv[0] in ('-h', '--help') else 2
-  return importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:]) or 0
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax bench', description=__doc__.splitlines()[0])
+  parser.add_argument('name', metavar='NAME', choices=list(BENCHMARKS),
+                      help=f'the benchmark: {", ".join(BENCHMARKS)} (NAME --help lists its flags)')
+  parser.add_argument('args', nargs='...', help="the benchmark's flags")
+  args = parser.parse_args(argv)
+  return importlib.import_module(BENCHMARKS[args.name]).main(args.args) or 0

@@ -11,7 +11,6 @@ the anchor shapes of docs/BENCHMARKING.md: bf16, 16 heads of 128, 32,768 tokens 
   python -m hybrid_jax bench attention --seq-lens 2048,4096 --windows 128,full --json out.json
 """
 
-import argparse
 import datetime
 import sys
 
@@ -19,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax import command_line
 from hybrid_jax.bench import timing
 from hybrid_jax.kernels import attention
 
@@ -35,7 +35,7 @@ _ANCHORS = ('cudnn', 'xla')  # Speed ratios are reported against each of these t
 
 
 def _parse(argv):
-  p = argparse.ArgumentParser(prog='hybrid_jax bench attention', description=__doc__.split('\n')[0])
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench attention', description=__doc__.split('\n')[0])
   ints = lambda s: [int(x) for x in s.split(',') if x]
   p.add_argument('--seq-lens', help='comma-separated T values (default: 2048,4096,8192 CPU; 4096,32768 GPU)')
   p.add_argument('--windows', help="comma-separated windows; 'full' = full causal (default 128,full CPU; "

@@ -13,7 +13,6 @@ step's consumption from `compile-check --json` (its roofline estimate of global 
 configured corpus first, so the comparison runs anywhere without downloads.
 """
 
-import argparse
 import json
 import os
 import shlex
@@ -21,6 +20,7 @@ import sys
 import tempfile
 import time
 
+from hybrid_jax import command_line
 from hybrid_jax.config import ConfigError
 from hybrid_jax.data import pipeline, pretokenized, sources
 
@@ -119,8 +119,8 @@ def _line(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog='python -m hybrid_jax bench data', description=__doc__.split('\n')[0],
-                              epilog='--config.KEY=VALUE overrides follow --config, as for train.')
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench data', description=__doc__.split('\n')[0],
+                                  epilog='--config.KEY=VALUE overrides follow --config, as for train.')
   p.add_argument('--config', required=True, help='config file[:arg]: source, seq_len, batch size')
   p.add_argument('--tokenizers', default='', help="comma-separated tokenizer specs (default: the config's)")
   p.add_argument('--make-tokenizers', metavar='DIR', help='train a tokenizer.json and a SentencePiece model on the '

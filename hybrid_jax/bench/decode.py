@@ -5,7 +5,6 @@ should stay flat in L for SWA and recurrent layers and grow for full attention. 
 the cost, so no prefill is needed (which keeps long contexts cheap to measure on a CPU).
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -13,6 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax import command_line
 from hybrid_jax.config import BASE_CONFIG, load_config_file
 from hybrid_jax.train import state as state_lib
 
@@ -42,12 +42,12 @@ def measure(arch, scale, context, steps, pure=False):
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax bench decode', description=__doc__)
-  parser.add_argument('--arches', default='full,swa128,gdn')
-  parser.add_argument('--scale', default='tiny')
-  parser.add_argument('--contexts', default='1024,4096,16384')
-  parser.add_argument('--steps', type=int, default=30)
-  parser.add_argument('--json', default=None)
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax bench decode', description=__doc__)
+  parser.add_argument('--arches', default='full,swa128,gdn', help='comma-separated architectures (configs/hybrid.py)')
+  parser.add_argument('--scale', default='tiny', help='model scale (configs/hybrid.py)')
+  parser.add_argument('--contexts', default='1024,4096,16384', help='comma-separated context lengths L')
+  parser.add_argument('--steps', type=int, default=30, help='timed decode steps per row')
+  parser.add_argument('--json', default=None, help='also write the rows to this JSON file')
   args = parser.parse_args(argv)
   rows = [measure(arch, args.scale, int(ctx), args.steps, pure)
           for arch in args.arches.split(',') for pure in (False, True) for ctx in args.contexts.split(',')

@@ -18,7 +18,6 @@ moment it is measured, compile time apart from run time, each measurement under 
   python -m hybrid_jax bench scan --parity --fla --json out.json          (GPU machine: scripts/device/measure.sh)
 """
 
-import argparse
 import datetime
 import json
 import os
@@ -30,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax import command_line
 from hybrid_jax.bench import timing
 from hybrid_jax.bench.attention import ceilings
 from hybrid_jax.kernels import gated_delta_rule
@@ -52,7 +52,7 @@ FLA_NOTE = ('fla backward on Hopper with Triton < 3.7.1 is refused upstream (a m
 
 
 def _parse(argv):
-  p = argparse.ArgumentParser(prog='hybrid_jax bench scan', description=__doc__.split('\n')[0])
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench scan', description=__doc__.split('\n')[0])
   ints = lambda s: [int(x) for x in s.split(',') if x]
   names = lambda s: [x for x in s.split(',') if x]
   p.add_argument('--seq-lens', type=ints, help='comma-separated T values (default 1024,4096,16384 CPU; '
@@ -61,14 +61,14 @@ def _parse(argv):
   p.add_argument('--impls', type=names, help='comma-separated implementations (default xla,reference CPU; '
                  'pallas_gpu,xla GPU)')
   p.add_argument('--baseline', help='implementation the speed-ups are relative to (default reference CPU, xla else)')
-  p.add_argument('--batch', type=int)
-  p.add_argument('--heads', type=int)
+  p.add_argument('--batch', type=int, help='batch size (default: by device)')
+  p.add_argument('--heads', type=int, help='heads (default: by device)')
   p.add_argument('--head-dim', type=int, help='K = V')
-  p.add_argument('--chunk-size', type=int, default=64)
-  p.add_argument('--dtype', choices=['float32', 'bfloat16'])
+  p.add_argument('--chunk-size', type=int, default=64, help='chunk length of the chunked kernels')
+  p.add_argument('--dtype', choices=['float32', 'bfloat16'], help='input dtype (default: by device)')
   p.add_argument('--no-bwd', action='store_true', help='time the forward pass only')
   p.add_argument('--repeats', type=int, help='fewest timed runs (more until --min-seconds)')
-  p.add_argument('--min-seconds', type=float, default=0.5)
+  p.add_argument('--min-seconds', type=float, default=0.5, help='fewest seconds of timed runs per row')
   p.add_argument('--gemm', type=int, help='n of the n^3 GEMM ceiling (default 1024 CPU, 8192 else)')
   p.add_argument('--fla', action='store_true', help='also time fla (needs fla-core, torch and a CUDA GPU)')
   p.add_argument('--parity', action='store_true', help='check values and gradients on this device first')

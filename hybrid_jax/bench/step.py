@@ -17,7 +17,6 @@ and remat recompute included), embedding, final norm, LM head, loss, optimizer, 
 copies). Each part also gets its model TFLOP/s, so a slow mixer kernel stands out.
 """
 
-import argparse
 import ast
 import collections
 import contextlib
@@ -33,6 +32,7 @@ import time
 import jax
 import numpy as np
 
+from hybrid_jax import command_line
 from hybrid_jax.bench import profile
 from hybrid_jax.config import ConfigError, key_parent, load_config_file, validate
 from hybrid_jax.models import flops as flops_lib, pattern
@@ -41,7 +41,7 @@ from hybrid_jax.train import metrics, optim, state as state_lib, step as step_li
 
 
 def _parse(argv):
-  p = argparse.ArgumentParser(prog='python -m hybrid_jax bench step', description=__doc__.split('\n')[0])
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench step', description=__doc__.split('\n')[0])
   p.add_argument('--config', required=True, help='config file[:arg], e.g. configs/hybrid.py:arch=gdn,scale=s1')
   p.add_argument('--seq_len', type=int, help='override data.seq_len')
   p.add_argument('--batch_size', type=int, help='override train.batch_size (global sequences per step)')

@@ -16,7 +16,6 @@ directory refuses a manifest made with another tokenizer, and a missing, truncat
         --config.data.tokenizer=tok/tokenizer.json --out /data/corpus_tok
 """
 
-import argparse
 import datetime
 import json
 import os
@@ -26,6 +25,7 @@ import sys
 import grain
 import numpy as np
 
+from hybrid_jax import command_line
 from hybrid_jax.config import ConfigError
 from hybrid_jax.data import pipeline, sources, tokenizers
 
@@ -204,9 +204,9 @@ class PretokenizedSource:
 def main(argv) -> int:
   """`python -m hybrid_jax pretokenize --config=FILE[:ARG] [--config.KEY=VALUE ...] --out DIR`."""
   from hybrid_jax.study import plan  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=__doc__.split('\n\n')[0],
-                                   epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
-                                   '--config as for train.')
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=__doc__.split('\n\n')[0],
+                                       epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
+                                       '--config as for train.')
   parser.add_argument('--config', required=True, help='config file[:arg], as for train')
   parser.add_argument('--out', required=True, help='directory to write (shards + manifest.json)')
   parser.add_argument('--shard-tokens', type=int, default=DEFAULT_SHARD_TOKENS, help='tokens per shard, at most')

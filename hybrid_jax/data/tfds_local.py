@@ -19,6 +19,7 @@ import os
 
 import tensorflow_datasets as tfds
 
+from hybrid_jax import command_line
 from hybrid_jax.data import sources
 
 NAME = 'hybrid_jax_local_files'
@@ -93,12 +94,11 @@ def build_local_tfds(paths: str, data_dir: str, eval_fraction: float = 0.02, tex
 
 def main(argv) -> int:
   """`python -m hybrid_jax build-tfds PATHS DATA_DIR`: build the dataset and print the config flags to use it."""
-  import argparse
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax build-tfds', description=main.__doc__)
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax build-tfds', description=main.__doc__)
   parser.add_argument('paths', help='comma-separated .txt / .jsonl(.gz) files, directories or globs')
   parser.add_argument('data_dir', help='TFDS data_dir to write into')
-  parser.add_argument('--eval-fraction', type=float, default=0.02)
-  parser.add_argument('--text-field', default='text')
+  parser.add_argument('--eval-fraction', type=float, default=0.02, help='share of documents held out for eval')
+  parser.add_argument('--text-field', default='text', help='JSONL field holding the text')
   args = parser.parse_args(argv)
   try:
     name = build_local_tfds(args.paths, args.data_dir, args.eval_fraction, args.text_field)

@@ -9,6 +9,7 @@ import sys
 
 from absl import logging
 
+from hybrid_jax import command_line
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.eval import suite
 
@@ -47,9 +48,8 @@ def _at_least_two(text: str) -> int:
   return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog='python -m hybrid_jax eval', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> command_line.ArgumentParser:
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax eval', description=__doc__)
   p.add_argument('--workdir', required=True, help='run directory (config.json + checkpoints/)')
   p.add_argument('--step', type=int, default=None, help='checkpoint step (default: the newest)')
   p.add_argument('--tasks', default='ppl,niah',
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="longest context allowed (default: 8 x the run's training seq_len); guards against typos")
   p.add_argument('--samples', type=_positive, default=4, help='samples per task (per NIAH cell) and context length')
   p.add_argument('--depths', type=_fractions, default=[0.0, 0.25, 0.5, 0.75, 1.0], help='NIAH needle depths')
-  p.add_argument('--seed', type=int, default=42)
+  p.add_argument('--seed', type=int, default=42, help='seed of the synthetic tasks')
   p.add_argument('--batch-size', type=_positive, default=4, help='sequences per forward / generation batch')
   p.add_argument('--ppl-batches', type=_positive, default=4, help='packed held-out batches for ppl\'s packed_loss')
   p.add_argument('--ppl-documents', type=_at_least_two, default=None,
@@ -72,10 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument('--longppl-data', default=None, help='JSONL of {"text", optional "spans"} documents')
   p.add_argument('--longppl-evaluator', default=None, help='run dir (or "self") choosing key tokens where spans '
                  'are missing')
-  p.add_argument('--longppl-trunc-len', type=_positive, default=4096)
-  p.add_argument('--longppl-stride', type=_positive, default=1024)
-  p.add_argument('--longppl-alpha', type=float, default=2.0)
-  p.add_argument('--longppl-beta', type=float, default=-2.0)
+  p.add_argument('--longppl-trunc-len', type=_positive, default=4096, help='LongPPL: tokens kept per document')
+  p.add_argument('--longppl-stride', type=_positive, default=1024, help='LongPPL: sliding-window stride in tokens')
+  p.add_argument('--longppl-alpha', type=float, default=2.0, help='LongPPL: key-token threshold on the log-probability gain')
+  p.add_argument('--longppl-beta', type=float, default=-2.0, help='LongPPL: key-token threshold on the short-context log-probability')
   p.add_argument('--lm-eval-include', default=None, help='directory of extra lm-eval task YAMLs (local tasks)')
   p.add_argument('--out', default=None, help='output directory (default: WORKDIR/eval)')
   p.add_argument('--no-progress', action='store_true', help='no progress bars')

@@ -6,15 +6,15 @@
 Each prints one JSON summary line; a checkpoint or run that cannot be mapped exactly exits 2 with the reason.
 """
 
-import argparse
 import json
 import sys
 
+from hybrid_jax import command_line
 from hybrid_jax.hf import HFError, config_map, io
 
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax hf', description=__doc__.splitlines()[0])
+def _parser() -> command_line.ArgumentParser:
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax hf', description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest='action', required=True)
   export = sub.add_parser('export', help='write a run checkpoint as config.json + model.safetensors')
   export.add_argument('--workdir', required=True, help='run directory (config.json + checkpoints/)')

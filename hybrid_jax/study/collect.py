@@ -9,12 +9,12 @@ per context length. A metric a run lacks is an empty cell. `config_changed` flag
 resume changed ('train.lr@13': from step 13 on; empty when the run trained as configured throughout).
 """
 
-import argparse
 import csv
 import json
 import pathlib
 import sys
 
+from hybrid_jax import command_line
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.train import config_history
@@ -99,8 +99,7 @@ def write_table(rows: list[dict], path) -> list[str]:
 
 def main(argv) -> int:
   """Gather the final metrics of run directories into one TSV table."""
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax collect', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax collect', description=__doc__)
   parser.add_argument('workdirs', nargs='+', help='run directories (config.json, report.json, eval/)')
   parser.add_argument('--out', required=True, help='output TSV path')
   args = parser.parse_args(argv)

@@ -10,7 +10,6 @@ states the mapping). Every run directory is a normal run: rerunning the command 
 re-evaluates finished ones.
 """
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -19,10 +18,10 @@ import time
 
 import numpy as np
 
-from hybrid_jax import runs as runs_lib
+from hybrid_jax import command_line, runs as runs_lib, training
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.eval import position, suite
-from hybrid_jax.train import loop, metrics as metrics_lib
+from hybrid_jax.train import metrics as metrics_lib
 
 # Study label -> (arch in configs/hybrid.py, which window it uses: 'small' | 'large' | None).
 ARCHES = {'SWA-128': ('swa128', 'small'), 'SWA-2048': ('swa2048', 'large'),
@@ -109,7 +108,7 @@ def run_study(preset_name: str, out_dir, *, seed: int = 0, progress: bool = True
     workdir = out_dir / config.name
     if progress:
       print(f'[{label}] training {preset.steps} steps in {workdir}', flush=True)
-    train_report = loop.train(config, workdir)
+    train_report = training.train(config, workdir)
     run = runs_lib.load_run(workdir)
     settings = suite.Settings(context_lengths=[preset.seq_len], batch_size=preset.batch_size,
                               ppl_batches=preset.eval_batches, progress=False, seed=seed)
@@ -197,11 +196,10 @@ def plot_report(report: dict, path) -> None:
 
 def main(argv) -> int:
   """Run the mini-study: train, evaluate and report SWA-128, SWA-2048, SWA-128-NoPE and Full."""
-  parser = argparse.ArgumentParser(prog='python -m hybrid_jax study', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini')
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax study', description=__doc__)
+  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini', help='the study size')
   parser.add_argument('--out', default=None, help='output directory (default: runs/study_<preset>)')
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--seed', type=int, default=0, help='seed of every run')
   args = parser.parse_args(argv)
   out = args.out or f'runs/study_{args.preset}'
   try:

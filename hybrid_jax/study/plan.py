@@ -16,14 +16,14 @@ writes one line per run, the hybrid_jax command that follows `--` in the launche
   xargs -L1 python launch/gpu.py local --gpus=1 -- < runs.txt
 """
 
-import argparse
 import json
 import pathlib
 import re
 import shlex
 import sys
 
-from hybrid_jax.config import ConfigError, key_parent, load_config_file, load_python_file, validate
+from hybrid_jax import command_line
+from hybrid_jax.config import ConfigError, apply_overrides, load_config_file, load_python_file, validate
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 
@@ -49,23 +49,6 @@ def sweep_runs(spec: str) -> list[str]:
   return runs
 
 
-def _set(config, key, text):
-  node, leaf = key_parent(config, key, 'override')
-  current = node[leaf]
-  try:  # Parse the text as the type the key already has, the way absl's config flags do.
-    if isinstance(current, bool):
-      if text.lower() not in ('true', 'false', '1', '0'):
-        raise ValueError(f'expected true/false, got {text!r}')
-      value = text.lower() in ('true', '1')
-    elif isinstance(current, (int, float)):
-      value = type(current)(float(text) if isinstance(current, float) else int(text))
-    else:
-      value = text
-    node[leaf] = value
-  except (TypeError, ValueError) as e:
-    raise ConfigError(f'override config.{key}={text!r}: {e}') from e
-
-
 def load_run(run: str):
   """(config spec, overrides, validated config) of one run string."""
   tokens = shlex.split(run)
@@ -75,14 +58,8 @@ def load_run(run: str):
   path, sep, arg = spec.partition(':')
   spec = _resolve_file(path) + sep + arg
   config = load_config_file(spec)
-  overrides = []
-  for token in tokens[1:]:
-    m = re.fullmatch(r'--config\.([\w.]+)=(.*)', token)
-    if not m:
-      raise ConfigError(f'run {run!r}: {token!r} is not a --config.KEY=VALUE override')
-    _set(config, m.group(1), m.group(2))
-    overrides.append(token)
   try:
+    overrides = apply_overrides(config, tokens[1:])
     return spec, overrides, validate(config)
   except ConfigError as e:
     raise ConfigError(f'run {run!r}: {e}') from e
@@ -162,7 +139,7 @@ def table(plan: dict) -> str:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog='python -m hybrid_jax plan', description=__doc__.split('\n')[0])
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax plan', description=__doc__.split('\n')[0])
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument('--sweep', help='sweep file[:name]; its runs(name) returns config strings')
   source.add_argument('--runs', nargs='+', help='config strings, e.g. configs/hybrid.py:arch=gdn,scale=s1')

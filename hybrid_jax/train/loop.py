@@ -19,17 +19,14 @@ import jax
 import numpy as np
 import tqdm
 
-from hybrid_jax.analysis import callbacks
 from hybrid_jax.config import ConfigError, validate
-from hybrid_jax.data.pipeline import held_out_documents, make_eval_batches, make_train_dataset
+from hybrid_jax.data.pipeline import make_train_dataset
 from hybrid_jax.data.tokenizers import get_tokenizer
-from hybrid_jax.eval import position
-from hybrid_jax.eval.perplexity import evaluate_packed
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
-from hybrid_jax.train import checkpoint, metrics, optim, profiling, report, state as state_lib, step as step_lib
-from hybrid_jax.train import session as session_lib
+from hybrid_jax.train import checkpoint, hooks as hooks_lib, metrics, optim, report, state as state_lib
+from hybrid_jax.train import session as session_lib, step as step_lib
 
 
 class TrainingDiverged(RuntimeError):
@@ -113,8 +110,11 @@ def warn_if_slow_on_cpu(config) -> None:
                     '(7-15x for an S1 step, BENCHMARKS.md); pass --config.model.dtype=float32 for CPU runs')
 
 
-def train(config, workdir) -> dict:
+def train(config, workdir, hooks: hooks_lib.HookFactory | None = None) -> dict:
   """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json).
+
+  `hooks(context)` builds the scheduled work (held-out evaluation, probes, profiling; hybrid_jax.train.hooks),
+  before the first step; hybrid_jax.training.train passes the standard ones. None runs the bare loop.
 
   The run holds `workdir` throughout; another trainer on it, or a resume that changes a key defining the run,
   stops before anything is restored (session.REFUSALS).
@@ -124,10 +124,10 @@ def train(config, workdir) -> dict:
   distributed.initialize(config.parallel.distributed)
   distributed.check_same_config(config, config.parallel.distributed.barrier_timeout_s)
   with session_lib.open_session(config, workdir) as session:
-    return _train(config, pathlib.Path(workdir), session)
+    return _train(config, pathlib.Path(workdir), session, hooks)
 
 
-def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
+def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hooks) -> dict:
   lead = jax.process_index() == 0  # Process 0 writes metrics and reports; all processes write checkpoints.
   workdir.mkdir(parents=True, exist_ok=True)
   t = config.train
@@ -156,43 +156,25 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
   session.start(start)  # config.json for a fresh run; this session (and its config changes) in the history.
   train_step = step_lib.make_train_step(model_def, tx, t, shardings)
   eval_step = step_lib.make_eval_step(model_def, shardings, t.loss_chunk)
-  probe = callbacks.make_retrieval_probe(config, model_def, mesh)  # None unless train.retrieval_probe_every > 0.
-
-  def global_eval_batches(n):
-    return [distributed.replicated_batch(b, shardings.batch) for b in make_eval_batches(config, n)]
-
-  eval_batches = global_eval_batches(t.eval_batches)
-  # Too few long held-out documents fails here, before training; eval.documents = 0 leaves loss by position out.
-  documents = held_out_documents(config, config.data.seq_len, config.eval.documents) if config.eval.documents else None
+  writer = None  # Opened after the hooks are built (a hook may refuse the run first, e.g. too little held-out text).
+  context = hooks_lib.LoopContext(config=config, workdir=workdir, lead=lead, mesh=mesh, model_def=model_def,
+                                  shardings=shardings, train_step=train_step, eval_step=eval_step,
+                                  write=lambda step, values, prefix: writer.write(step, values, prefix=prefix))
+  hooks = list(make_hooks(context)) if make_hooks else []
   schedule = optim.make_schedule(t)
   writer = metrics.MetricsWriter(workdir) if lead else _NullWriter()
-
-  def run_eval(step, batches):
-    result = evaluate_packed(eval_step, state['params'], batches)
-    writer.write(step, {k: result[k] for k in ('packed_loss', 'packed_perplexity')}, prefix='eval')
-    return result
-
-  def final_eval(step):
-    """Loss by position inside held-out documents, with the packed held-out loss beside it."""
-    if documents is None:
-      return run_eval(step, global_eval_batches(config.eval.batches))
-    by_document = position.evaluate(eval_step, state['params'], documents, [config.data.seq_len],
-                                    batch_size=t.batch_size,
-                                    place=lambda b: distributed.replicated_batch(b, shardings.batch))
-    return {**by_document.summary(config.eval.position_buckets)[str(config.data.seq_len)],
-            **run_eval(step, global_eval_batches(config.eval.batches))}
 
   step_times, status, last_saved = [], 'completed', start
   bar = tqdm.tqdm(total=t.steps, initial=start, disable=not (t.progress and lead), desc=config.name, unit='step',
                   dynamic_ncols=True)
   started, finished, step = time.perf_counter(), False, start
-  profiler = profiling.StepProfiler(workdir, t.profile_start, t.profile_steps, lead)
   try:
     with _stop_on_sigterm() as stop:
       step = start
       while step < t.steps:
         batch = distributed.global_batch(next(data_iter), shardings.batch)
-        profiler.before_step(step)
+        for hook in hooks:
+          hook.before_step(step)
         tic = time.perf_counter()
         state, m = train_step(state, batch)
         loss = float(m['loss'])  # Syncs: the step time below is real, and a bad loss is caught at its step.
@@ -204,7 +186,6 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
               f'training loss is {loss} at step {step} (run {config.name}); stopping. The last good checkpoint '
               f'(step {last_saved}) is kept in {ckpt.directory}. Lower train.lr or raise train.warmup_steps.')
         bar.update(1)
-        profiler.after_step(step, train_step, state, batch)
         if step % t.log_every == 0 or step == t.steps:
           dt = statistics.median(step_times[-t.log_every:])
           logged = {k: float(v) for k, v in m.items()}
@@ -212,10 +193,8 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
           logged.update(metrics.throughput(flops_per_step, dt, jax.device_count(), peak))
           writer.write(step, logged, prefix='train')
           bar.set_postfix(loss=f'{loss:.3f}', tok_s=f'{tokens_per_step / dt:,.0f}')
-        if t.eval_every and step % t.eval_every == 0 and step != t.steps:
-          run_eval(step, eval_batches)
-        if probe is not None and step % t.retrieval_probe_every == 0:
-          writer.write(step, probe(state['params']), prefix='probe')
+        for hook in hooks:
+          hook.after_step(step, state, batch)
         stop['requested'] = _stop_requested(stop, step)
         if step % t.checkpoint_every == 0 or step == t.steps or stop['requested']:
           session.check()  # Never write into a workdir another trainer has taken over.
@@ -232,7 +211,8 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
     raise distributed.peer_failure(e, step + 1) from e
   finally:
     bar.close()
-    profiler.close()
+    for hook in hooks:
+      hook.close()
     try:
       ckpt.close()
     except Exception:  # After a failure (e.g. a dead peer process) closing fails too; keep the first error.
@@ -240,7 +220,11 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session) -> dict:
         raise
       logging.warning('closing the checkpointer after an error failed as well', exc_info=True)
 
-  final = final_eval(step) if status == 'completed' else None
+  final = None
+  if status == 'completed':
+    for hook in hooks:
+      part = hook.at_end(step, state['params'])
+      final = {**(final or {}), **part} if part is not None else final
   writer.close()
   counts = param_counts(config.model)
   steady = step_times[1:] or step_times

@@ -12,13 +12,15 @@ import pathlib
 import jax
 
 from hybrid_jax.bench import profile
+from hybrid_jax.train import hooks
 
 
-class StepProfiler:
+class StepProfiler(hooks.Hook):
   """Traces the steps after `start` completed ones, `steps` of them; does nothing when `start` is 0."""
 
-  def __init__(self, workdir, start: int, steps: int, lead: bool):
+  def __init__(self, workdir, start: int, steps: int, lead: bool, train_step):
     self.workdir, self.start, self.steps, self.lead = pathlib.Path(workdir), int(start), int(steps), lead
+    self.train_step = train_step
     self.logdir = self.workdir / 'tensorboard'
     self.active = False
 
@@ -27,18 +29,18 @@ class StepProfiler:
       jax.profiler.start_trace(str(self.logdir), create_perfetto_trace=True)
       self.active = True
 
-  def after_step(self, completed: int, train_step, state, batch) -> dict | None:
+  def after_step(self, step: int, state, batch) -> dict | None:
     """Stops the trace after the last profiled step; process 0 returns (and writes) the breakdown by part.
 
     The breakdown needs the compiled program's text, so the step is compiled once more (from the cache where the
     backend keeps one).
     """
-    if not (self.active and completed == self.start + self.steps):
+    if not (self.active and step == self.start + self.steps):
       return None
     self.close()
     if not self.lead:
       return None
-    hlo_text = train_step.lower(state, batch).compile().as_text()
+    hlo_text = self.train_step.lower(state, batch).compile().as_text()
     result = profile.breakdown(hlo_text, profile.newest_trace(str(self.logdir)), self.steps)
     result['first_step'] = self.start + 1
     (self.workdir / 'profile_breakdown.json').write_text(json.dumps(result, indent=1) + '\n')
