@@ -34,6 +34,7 @@ def main(argv=None):
   p.add_argument('--scales', default='s1,s2,s3,s4,s5')
   p.add_argument('--chips', default=','.join(TOPOLOGIES))
   p.add_argument('--contexts', default=','.join(CONTEXTS))
+  p.add_argument('--render-only', action='store_true', help='rewrite OUT from OUT.json; compile nothing')
   args = p.parse_args(argv)
   from hybrid_jax.config import load_config_file, validate
   from hybrid_jax.parallel import compile_check
@@ -42,7 +43,8 @@ def main(argv=None):
   rows = json.loads(store.read_text()) if store.exists() else []
   done = {(r['arch'], r['scale'], r['seq_len'], r['target']) for r in rows}
   targets = {}
-  for context in args.contexts.split(','):
+  grid = len(hybrid.ARCHES) * len(TOPOLOGIES['v5p']) * len(TOPOLOGIES) * len(CONTEXTS)
+  for context in ([] if args.render_only else args.contexts.split(',')):
     for scale in args.scales.split(','):
       for arch in args.archs.split(','):
         for chip in args.chips.split(','):
@@ -55,13 +57,13 @@ def main(argv=None):
             targets[topology] = compile_check.tpu_target(topology)
           rows.append(compile_check.check(config, targets[topology]))
           store.write_text(json.dumps(rows, indent=1) + '\n')
-          _write(out, rows)
+          _write(out, rows, grid)
           print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
-  _write(out, rows)
+  _write(out, rows, grid)
   print(f'wrote {out} ({len(rows)} rows)')
 
 
-def _write(out, rows):
+def _write(out, rows, grid):
   from hybrid_jax.parallel import compile_check
   versions = ', '.join(f'{n} {importlib.metadata.version(n)}' for n in ('jax', 'jaxlib', 'libtpu', 'flax'))
   header = (f'# The study on Cloud TPU: what fits where\n\nGenerated {datetime.date.today()} by '
@@ -71,7 +73,10 @@ def _write(out, rows):
             'topology through the Pallas TPU kernels.\n`fits`: compiled peak per chip within the HBM below; '
             '`fix`: a change compile-check verified to fit.\n**est. step s** is a roofline estimate, '
             'max(model FLOPs / peak, XLA bytes accessed / HBM bandwidth) per chip, a lower\nbound that ignores '
-            'communication and kernel efficiency; not a measurement.\n\n')
+            'communication and kernel efficiency; not a measurement. A step the compiler refuses shows `-`\n'
+            f'for its peak. This page holds {len(rows)} of the {grid} rows of the whole grid (every arch x S1-S5 '
+            'x 16K/32K x v5p/v6e);\n`python scripts/tpu_fit_table.py` adds the rest, resuming from '
+            'docs/TPU_FIT.json.\n\n')
   out.write_text(header + compile_check.table(rows) + '\n')
 
 

@@ -188,6 +188,10 @@ def check(config, target: Target, *, memory_limit=None, find_fit: bool = True) -
   return row
 
 
+def _num(x, unit, spec):
+  return '-' if x is None or math.isnan(x) else format(x / unit, spec)
+
+
 def _gb(n):
   return '-' if n is None else f'{n / 1e9:.1f}'
 
@@ -199,7 +203,8 @@ def table(rows: list[dict]) -> str:
   lines = [head, '|' + '---|' * head.count(' | ') + '---|']
   for r in rows:
     mesh = '/'.join(str(r['mesh'][a]) for a in mesh_lib.AXES)
-    est = r.get('estimate')
+    est = r.get('estimate') or (r.get('fix') or {}).get('estimate')  # A step that needs its fix: the fixed one.
+    bound = est and (est['bound'] + ('' if r.get('estimate') else ', with the fix'))
     fix = r.get('fix', {}).get('change') or ('none found' if 'fix' in r else '')
     fits = {True: 'yes', False: 'no', None: '?'}[r.get('fits')]
     peak = r.get('per_device_bytes', {}).get('peak')
@@ -207,9 +212,8 @@ def table(rows: list[dict]) -> str:
     lines.append(
         f"| {r['arch']} | {r['scale']} | {r['seq_len']} | {r['target']} | {r['chips']} | {mesh} | {batch} | {fits} | "
         f"{_gb(peak)} / {_gb(r.get('hbm_bytes'))} | {r['compile_s']:.0f} | "
-        f"{r.get('xla_flops_per_chip', math.nan) / 1e12:.1f} | "
-        f"{r.get('xla_bytes_accessed_per_chip', math.nan) / 1e9:.0f} | "
-        + (f"{est['step_s']:.2f} ({est['bound']}) | {est['tokens_per_s']:,.0f}" if est else '- | -')
+        f"{_num(r.get('xla_flops_per_chip'), 1e12, '.1f')} | {_num(r.get('xla_bytes_accessed_per_chip'), 1e9, '.0f')} | "
+        + (f"{est['step_s']:.2f} ({bound}) | {est['tokens_per_s']:,.0f}" if est else '- | -')
         + f' | {fix} |')
   return '\n'.join(lines)
 
