@@ -136,7 +136,8 @@ def _cli(workdir, *overrides):
           f'--config={ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny',
           '--config.model.d_model=32', '--config.model.num_layers=2', '--config.model.head_dim=8',
           '--config.model.d_ff=64', '--config.model.window=16', '--config.data.seq_len=64',
-          '--config.train.batch_size=2', '--config.train.warmup_steps=2', '--config.train.log_every=1',
+          '--config.train.batch_size=2', '--config.train.warmup_steps=2', '--config.train.lr=3e-3',
+          '--config.train.log_every=1',
           '--config.train.eval_every=0', '--config.train.progress=False', '--config.eval.batches=1',
           '--config.train.eval_batches=1', '--config.eval.position_buckets=4', *overrides]
 
