@@ -153,12 +153,18 @@ def find_fix(config, target: Target, memory_limit=None, max_compiles: int = 5) -
     ladder = [step for step in ladder if step['remat'] is None or step['fsdp_all']]
   ladder = [step for step in ladder if step['accum'] != accum or step['remat'] or step['fsdp_all']]
   tried, best = [], None
-  for step in ladder:
-    if len(tried) >= max_compiles:
-      break
+
+  def attempt(step):
+    """Compiles the run with `step`'s changes and records the outcome in `tried`."""
     row = compile_step(_changed(config, **step), target, memory_limit)
     tried.append({'change': _describe(step, per_chip, accum), 'fits': row.get('fits'),
                   'peak_bytes': row.get('per_device_bytes', {}).get('peak')})
+    return row
+
+  for step in ladder:
+    if len(tried) >= max_compiles:
+      break
+    row = attempt(step)
     if row.get('fits'):
       best = (step, row)
       break
@@ -166,9 +172,7 @@ def find_fix(config, target: Target, memory_limit=None, max_compiles: int = 5) -
     step = dict(best[0], accum=best[0]['accum'] // 2)
     if step['accum'] < accum or (step['accum'] == accum and not (step['remat'] or step['fsdp_all'])):
       break  # Never below the run's own count, nor back to the unchanged run (which did not fit).
-    row = compile_step(_changed(config, **step), target, memory_limit)
-    tried.append({'change': _describe(step, per_chip, accum), 'fits': row.get('fits'),
-                  'peak_bytes': row.get('per_device_bytes', {}).get('peak')})
+    row = attempt(step)
     if not row.get('fits'):
       break
     best = (step, row)
