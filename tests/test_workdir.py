@@ -83,18 +83,18 @@ def test_a_model_change_is_refused_and_a_learning_rate_change_is_recorded_with_i
 
   resumed = _train(workdir, '--config.train.steps=16', '--config.train.lr=1e-2', *common)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert 'train.lr: the run had 0.0015, this command says 0.01; in effect from step 13 on' in resumed.stderr
+  assert 'train.lr: the run had 0.003, this command says 0.01; in effect from step 13 on' in resumed.stderr
   assert (workdir / 'config.json').read_text() == config_json  # Still the config of step 1.
   sessions = config_history.read_sessions(workdir)
   assert [(s['first_step'], s['resumed_from']) for s in sessions] == [(1, None), (13, 12)]
-  assert sessions[1]['changes'] == {'train.lr': {'from': 0.0015, 'to': 0.01, 'class': 'training'},
+  assert sessions[1]['changes'] == {'train.lr': {'from': 0.003, 'to': 0.01, 'class': 'training'},
                                     'train.steps': {'from': 12, 'to': 16, 'class': 'training'}}
   assert json.loads((workdir / 'report.json').read_text())['sessions'] == sessions
   assert runs.load_config(workdir).train.lr == 0.01
 
   # The logged learning rate is each step's own config's schedule: the old one to step 12, the new one after.
   old, new = small_config(), small_config()
-  old.train.update(lr=0.0015)  # The main job's rate, which the command line ran with.
+  old.train.update(lr=3e-3)  # The rate the command line ran with (tests.test_loop._cli).
   new.train.update(lr=1e-2, steps=16)
   old_lr, new_lr = optim.make_schedule(old.train), optim.make_schedule(new.train)
   logged = {r['step']: r['lr'] for r in map(json.loads, (workdir / 'metrics.jsonl').read_text().splitlines())
