@@ -1,5 +1,6 @@
 """The planner's arithmetic on a hand-checked case, sweeps from a file, the launch list and clear errors."""
 
+import json
 import shlex
 
 import pytest
@@ -69,4 +70,42 @@ def test_sweep_file_and_cli(tmp_path, capsys):
 ])
 def test_bad_input_fails_clearly(argv, message, capsys):
   assert plan.main(argv) == 2
+  assert message in capsys.readouterr().err
+
+
+def _fit_row(arch, target, *, fits=True, step_s=2.0, batch_size=16, chips=4, fix=None):
+  return {'arch': arch, 'scale': 'tiny', 'seq_len': 512, 'target': target, 'chips': chips, 'fits': fits,
+          'batch_size': batch_size, 'estimate': {'step_s': step_s, 'bound': 'compute'}, 'fix': fix}
+
+
+def test_tpu_hours_from_compile_check_rows(tmp_path, capsys):
+  fix = {'change': 'model.remat=full', 'estimate': {'step_s': 3.0, 'bound': 'compute'}}
+  rows = [_fit_row('swa128_nope', 'v5p:2x2x1'), _fit_row('swa128_nope', 'v6e:2x4', step_s=99.0, chips=8),
+          _fit_row('gdn', 'v5p:2x2x2', fits=False, step_s=1.0, chips=8, fix=fix)]  # Estimated, but too big.
+  fit = tmp_path / 'fit.json'
+  fit.write_text(json.dumps(rows))
+  gdn, full = TINY.replace('swa128_nope', 'gdn'), TINY.replace('swa128_nope', 'full')
+  p = plan.make_plan([TINY, gdn, full], tflops=100.0, mfu=0.5, fit_rows=plan.load_fit_rows(fit, 'v5p'))
+  swa, gdn_row, full_row = p['runs']
+  # 300 steps x 2 s x (batch 8 / row batch 16) / mfu 0.5 = 600 s on 4 chips.
+  assert (swa['tpu_target'], swa['tpu_change']) == ('v5p:2x2x1', None)
+  assert swa['tpu_wall_hours'] == pytest.approx(600 / 3600) and swa['tpu_chip_hours'] == pytest.approx(2400 / 3600)
+  # The study's setting did not fit: the fixed step's estimate, 300 x 3 s x 0.5 / 0.5 = 900 s on 8 chips.
+  assert (gdn_row['tpu_target'], gdn_row['tpu_change']) == ('v5p:2x2x2', 'model.remat=full')
+  assert gdn_row['tpu_chip_hours'] == pytest.approx(8 * 900 / 3600)
+  assert full_row['tpu_target'] is None and full_row['tpu_chip_hours'] is None
+  assert p['total']['tpu_chip_hours'] == pytest.approx((2400 + 7200) / 3600)
+  assert plan.main(['--runs', TINY, gdn, '--fit', str(fit), '--chip', 'v6e', '--mfu', '0.5']) == 0
+  out = capsys.readouterr().out
+  assert '| v6e:2x4 | 8.25 | 66 |' in out and '| no compile-check row | - | - |' in out  # 300 x 99 x 0.5 / 0.5 s.
+
+
+@pytest.mark.parametrize('content, chip, message', [
+    (None, 'v5p', 'no such file'), ('{', 'v5p', 'not JSON'), ('{"a": 1}', 'v5p', 'list of compile-check rows'),
+    ('[{"target": "v6e:2x4"}]', 'v5p', 'no rows for --chip v5p; it has v6e')])
+def test_bad_fit_files_fail_clearly(tmp_path, capsys, content, chip, message):
+  fit = tmp_path / 'fit.json'
+  if content is not None:
+    fit.write_text(content)
+  assert plan.main(['--runs', TINY, '--fit', str(fit), '--chip', chip]) == 2
   assert message in capsys.readouterr().err

@@ -3,12 +3,19 @@
   python -m hybrid_jax plan --sweep configs/sweep.py:main --tflops 989 --mfu 0.4 --launch-list runs.txt
   python -m hybrid_jax plan --runs configs/hybrid.py:arch=gdn,scale=s1 'configs/hybrid.py:arch=full,scale=s2 \
       --config.train.steps=500'
+  python -m hybrid_jax plan --sweep configs/sweep.py:main --fit docs/TPU_FIT.json --chip v5p
 
 For every run: tokens = train.steps x train.batch_size x data.seq_len, D/N (tokens per non-embedding parameter,
 the study's budget unit), training FLOPs = tokens x model FLOPs per training token (hybrid_jax.models.flops:
 window- and chunk-aware, LM head included, 3 x forward, no remat), and accelerator-hours =
 FLOPs / (tflops x 1e12 x mfu) / 3600 on one device of the stated peak and utilisation. Evaluation, checkpointing
 and compile time are not included.
+
+`--fit FILE` (compile-check's `--json` rows, e.g. docs/TPU_FIT.json) adds the TPU view: for each run, the row of
+the same arch, scale and sequence length on the `--chip` generation gives the topology and its roofline step time
+(the fixed step's where the study's setting needed a fix); wall hours = steps x step time x (run batch / row batch)
+/ mfu, and TPU chip-hours = wall hours x chips. The roofline is a lower bound, so `--mfu` scales it as it does the
+FLOP count; both remain estimates.
 
 A run is one config string: `FILE[:ARG]` optionally followed by `--config.KEY=VALUE` overrides (what `train`
 accepts). A sweep is a Python file whose `runs(name)` returns such strings (`--sweep FILE:NAME`). `--launch-list`
@@ -80,15 +87,50 @@ def plan_run(run: str, tflops: float, mfu: float) -> dict:
           'accelerator_hours': total / (tflops * 1e12 * mfu) / 3600}
 
 
-def make_plan(runs: list[str], tflops: float, mfu: float) -> dict:
+def load_fit_rows(path, chip: str) -> dict:
+  """(arch, scale, seq_len) -> compile-check row on `chip` (e.g. 'v5p') from a compile-check JSON file."""
+  try:
+    rows = json.loads(pathlib.Path(path).read_text())
+  except FileNotFoundError:
+    raise ConfigError(f'--fit {path}: no such file (write one with compile-check --json)') from None
+  except json.JSONDecodeError as e:
+    raise ConfigError(f'--fit {path}: not JSON ({e})') from None
+  if not isinstance(rows, list) or not all(isinstance(r, dict) and 'target' in r for r in rows):
+    raise ConfigError(f'--fit {path}: expected a list of compile-check rows (compile-check --json)')
+  chips = sorted({r['target'].partition(':')[0] for r in rows})
+  if chip not in chips:
+    raise ConfigError(f'--fit {path}: no rows for --chip {chip}; it has {", ".join(chips) or "none"}')
+  return {(r['arch'], r['scale'], r['seq_len']): r for r in rows if r['target'].partition(':')[0] == chip}
+
+
+def tpu_estimate(run: dict, fit_row: dict | None, mfu: float) -> dict:
+  """Topology, wall hours and chip-hours of one planned run from its compile-check row (None fields if no row)."""
+  if fit_row is None:
+    return {'tpu_target': None, 'tpu_change': None, 'tpu_wall_hours': None, 'tpu_chip_hours': None}
+  fix = fit_row.get('fix') or {}
+  estimate = fit_row.get('estimate') if fit_row.get('fits') else fix.get('estimate')
+  change = None if fit_row.get('fits') else fix.get('change', 'does not fit; no fix found')
+  if estimate is None:
+    return {'tpu_target': fit_row['target'], 'tpu_change': change, 'tpu_wall_hours': None, 'tpu_chip_hours': None}
+  wall = run['steps'] * estimate['step_s'] * (run['batch_size'] / fit_row['batch_size']) / mfu / 3600
+  return {'tpu_target': fit_row['target'], 'tpu_change': change, 'tpu_wall_hours': wall,
+          'tpu_chip_hours': wall * fit_row['chips']}
+
+
+def make_plan(runs: list[str], tflops: float, mfu: float, fit_rows: dict | None = None) -> dict:
   if not tflops > 0:
     raise ConfigError(f'--tflops={tflops} must be > 0 (peak TFLOP/s of one device)')
   if not 0 < mfu <= 1:
     raise ConfigError(f'--mfu={mfu} must be in (0, 1] (a fraction, e.g. 0.4)')
   rows = [plan_run(r, tflops, mfu) for r in runs]
   _unique_workdirs(rows)
-  total = {k: sum(r[k] for r in rows) for k in ('tokens', 'steps', 'training_flops', 'accelerator_hours')}
-  return {'tflops': tflops, 'mfu': mfu, 'runs': rows, 'total': total}
+  keys = ['tokens', 'steps', 'training_flops', 'accelerator_hours']
+  if fit_rows is not None:
+    for r in rows:
+      r.update(tpu_estimate(r, fit_rows.get((r['arch'], r['scale'], r['seq_len'])), mfu))
+    keys += ['tpu_wall_hours', 'tpu_chip_hours']
+  total = {k: sum(r[k] or 0 for r in rows) for k in keys}
+  return {'tflops': tflops, 'mfu': mfu, 'tpu': fit_rows is not None, 'runs': rows, 'total': total}
 
 
 def _unique_workdirs(rows):
@@ -124,17 +166,32 @@ def _hours(x):
 
 
 def table(plan: dict) -> str:
+  tpu = plan.get('tpu')
+  head = '| run | seq_len | batch | steps | tokens | D/N | FLOP/token | training FLOPs | accelerator-hours |'
+  rule = '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
+  if tpu:
+    head += ' TPU topology (est.) | TPU wall h (est.) | TPU chip-hours (est.) |'
+    rule += ' --- | ---: | ---: |'
   lines = [f"accelerator: {plan['tflops']:g} TFLOP/s peak per device at {100 * plan['mfu']:g}% MFU "
-           '(training steps only; no eval, checkpoint or compile time)', '',
-           '| run | seq_len | batch | steps | tokens | D/N | FLOP/token | training FLOPs | accelerator-hours |',
-           '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+           '(training steps only; no eval, checkpoint or compile time)', '', head, rule]
   for r in plan['runs']:
-    lines.append(f"| {r['workdir'].removeprefix('runs/')} | {r['seq_len']} | {r['batch_size']} | {r['steps']:,} | "
-                 f"{_si(r['tokens'])} | {r['tokens_per_param']:.1f} | {_si(r['flops_per_token'])} | "
-                 f"{_si(r['training_flops'])} | {_hours(r['accelerator_hours'])} |")
+    line = (f"| {r['workdir'].removeprefix('runs/')} | {r['seq_len']} | {r['batch_size']} | {r['steps']:,} | "
+            f"{_si(r['tokens'])} | {r['tokens_per_param']:.1f} | {_si(r['flops_per_token'])} | "
+            f"{_si(r['training_flops'])} | {_hours(r['accelerator_hours'])} |")
+    if tpu:
+      target = r['tpu_target'] or 'no compile-check row'
+      target += f" with {r['tpu_change']}" if r['tpu_change'] else ''
+      line += ' ' + ' | '.join([target] + ['-' if r[k] is None else _hours(r[k])
+                                           for k in ('tpu_wall_hours', 'tpu_chip_hours')]) + ' |'
+    lines.append(line)
   t = plan['total']
-  lines.append(f"| **total ({len(plan['runs'])} runs)** | | | {t['steps']:,} | {_si(t['tokens'])} | | | "
-               f"{_si(t['training_flops'])} | {_hours(t['accelerator_hours'])} |")
+  total = (f"| **total ({len(plan['runs'])} runs)** | | | {t['steps']:,} | {_si(t['tokens'])} | | | "
+           f"{_si(t['training_flops'])} | {_hours(t['accelerator_hours'])} |")
+  if tpu:
+    total += f" | {_hours(t['tpu_wall_hours'])} | {_hours(t['tpu_chip_hours'])} |"
+  lines.append(total)
+  if tpu and any(r['tpu_chip_hours'] is None for r in plan['runs']):
+    lines.append('\nRuns without a TPU estimate (`-`) count as zero in the TPU totals.')
   return '\n'.join(lines)
 
 
@@ -147,10 +204,12 @@ def main(argv=None) -> int:
   p.add_argument('--mfu', type=float, default=0.4, help='expected model FLOPs utilisation, a fraction')
   p.add_argument('--launch-list', metavar='FILE', help='write one launcher command line per run')
   p.add_argument('--json', metavar='FILE', help='write the plan as JSON')
+  p.add_argument('--fit', metavar='FILE', help="compile-check rows (--json), e.g. docs/TPU_FIT.json: add TPU-hours")
+  p.add_argument('--chip', default='v5p', help='with --fit: the TPU generation whose rows to use (default: v5p)')
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   try:
     runs = sweep_runs(args.sweep) if args.sweep else args.runs
-    plan = make_plan(runs, args.tflops, args.mfu)
+    plan = make_plan(runs, args.tflops, args.mfu, load_fit_rows(args.fit, args.chip) if args.fit else None)
   except ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
