@@ -76,8 +76,11 @@ def _write(out, rows, grid):
             'topology through the Pallas TPU kernels.\n`fits`: compiled peak per chip within the HBM below; '
             '`fix`: a change compile-check verified to fit.\n**est. step s** is a roofline estimate, '
             'max(model FLOPs / peak, XLA bytes accessed / HBM bandwidth) per chip, a lower\nbound that ignores '
-            'communication and kernel efficiency; not a measurement. A step the compiler refuses shows `-`\n'
-            f'for its peak. This page holds {len(rows)} of the {grid} rows of the whole grid (every arch x S1-S5 '
+            'communication and kernel efficiency; not a measurement. XLA\'s FLOP and byte counts take each loop body\n'
+            "once (the scan over layer cycles) and see nothing inside the Pallas kernels, so they are far below the "
+            "step's;\nthe estimate uses the model's FLOPs, and its bytes term is a lower bound. A step the compiler "
+            'refuses shows `-`\nfor its peak. '
+            f'This page holds {len(rows)} of the {grid} rows of the whole grid (every arch x S1-S5 '
             'at 16K and S5 at 32K, x v5p/v6e);\n`python scripts/tpu_fit_table.py` adds the rest, resuming from '
             'docs/TPU_FIT.json.\n\n')
   out.write_text(header + compile_check.table(rows) + '\n')

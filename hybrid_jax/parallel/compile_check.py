@@ -4,7 +4,10 @@
 fake CPU devices or for a TPU topology described by libtpu (no TPU needed) and reports per chip: compiled memory
 against the chip's HBM, XLA's FLOPs and bytes accessed, and a roofline estimate of the step time,
 max(model FLOPs / peak FLOP/s, bytes accessed / HBM bandwidth): a lower bound that ignores communication and
-kernel efficiency, labelled an estimate everywhere it appears. A configuration that does not fit is retried with
+kernel efficiency, labelled an estimate everywhere it appears. XLA's cost analysis counts a loop body once, not
+times its trip count (the scan over layer cycles, gradient accumulation), and sees nothing inside Pallas kernels,
+so its FLOPs and bytes are far below the step's (the estimate therefore uses the model's FLOP count, and the
+bytes term is a lower bound too). A configuration that does not fit is retried with
 the changes that trade speed for memory (full remat, gradient accumulation, FSDP over every chip), each one
 compiled, and the first that fits is reported.
 """
