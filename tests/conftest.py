@@ -3,7 +3,9 @@
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
+import time
 
 import jax
 import pytest
@@ -37,17 +39,39 @@ def study_config(arch='swa128_nope', scale='tiny'):
   return load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}')
 
 
+# The seconds-fast run's settings, shared by `small_config` (in process) and `train_command` (the command line),
+# so a test comparing the two compares like with like.
+SMALL = {'model': dict(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=64, window=16),
+         'data': dict(seq_len=64),
+         'train': dict(batch_size=2, warmup_steps=2, log_every=1, eval_every=0, eval_batches=1, progress=False,
+                       lr=3e-3),
+         'eval': dict(batches=1, position_buckets=4)}
+
+
 def small_config(arch='swa128_nope', **model_overrides):
   """A seconds-fast run: 2 layers of width 32 over 64-token sequences of the built-in corpus."""
   c = study_config(arch)
-  c.model.update(dict(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=64, window=16))
+  for section, values in SMALL.items():
+    c[section].update(values)
   c.model.update(model_overrides)
-  c.data.seq_len = 64
-  c.train.update(dict(steps=12, batch_size=2, warmup_steps=2, log_every=1, eval_every=0, eval_batches=1,
-                      checkpoint_every=4, progress=False, lr=3e-3))
-  c.eval.batches = 1
-  c.eval.position_buckets = 4
+  c.train.update(dict(steps=12, checkpoint_every=4))
   return c
+
+
+def train_command(workdir, *overrides):
+  """`python -m hybrid_jax train` of `small_config()`'s run (steps and checkpoints from the overrides)."""
+  settings = [f'--config.{section}.{key}={value}' for section, values in SMALL.items() for key, value in values.items()]
+  return [sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={workdir}',
+          f'--config={ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', *settings, *overrides]
+
+
+def wait_for(condition, proc, what, timeout=300):
+  """Polls `condition` while the subprocess `proc` runs; fails naming `what` if it exits or `timeout` s pass."""
+  deadline = time.time() + timeout
+  while not condition():
+    assert proc.poll() is None, f'the process exited before {what}:\n{proc.stderr.read()}'
+    assert time.time() < deadline, f'no {what} in {timeout} s'
+    time.sleep(0.02)
 
 
 @pytest.fixture

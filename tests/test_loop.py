@@ -8,7 +8,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from hybrid_jax.data import sources
 from hybrid_jax import training
 from hybrid_jax.train import checkpoint, loop, metrics
-from tests.conftest import ROOT, small_config
+from tests.conftest import ROOT, small_config, train_command, wait_for
 
 
 def _losses(workdir):
@@ -131,40 +130,24 @@ def test_failed_background_save_is_reported(small, tmp_path, monkeypatch):
     training.train(small, tmp_path)
 
 
-def _cli(workdir, *overrides):
-  return [sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={workdir}',
-          f'--config={ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny',
-          '--config.model.d_model=32', '--config.model.num_layers=2', '--config.model.head_dim=8',
-          '--config.model.d_ff=64', '--config.model.window=16', '--config.data.seq_len=64',
-          '--config.train.batch_size=2', '--config.train.warmup_steps=2', '--config.train.lr=3e-3',
-          '--config.train.log_every=1',
-          '--config.train.eval_every=0', '--config.train.progress=False', '--config.eval.batches=1',
-          '--config.train.eval_batches=1', '--config.eval.position_buckets=4', *overrides]
-
-
 def _wait_for_checkpoint(proc, workdir, step, timeout=180):
-  target = pathlib.Path(workdir) / 'checkpoints' / str(step)
-  deadline = time.time() + timeout
-  while not target.is_dir():
-    assert proc.poll() is None, f'training exited early:\n{proc.stderr.read()}'
-    assert time.time() < deadline, 'no checkpoint appeared in time'
-    time.sleep(0.02)
+  wait_for((pathlib.Path(workdir) / 'checkpoints' / str(step)).is_dir, proc, f'checkpoint {step}', timeout)
 
 
 def test_kill_9_then_rerun_continues_bit_for_bit(tmp_path):
   args = ['--config.train.steps=150', '--config.train.checkpoint_every=10']
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  reference = subprocess.run(_cli(tmp_path / 'reference', *args), env=env, capture_output=True, text=True)
+  reference = subprocess.run(train_command(tmp_path / 'reference', *args), env=env, capture_output=True, text=True)
   assert reference.returncode == 0, reference.stderr
 
-  victim = subprocess.Popen(_cli(tmp_path / 'killed', *args), env=env, stderr=subprocess.PIPE, text=True)
+  victim = subprocess.Popen(train_command(tmp_path / 'killed', *args), env=env, stderr=subprocess.PIPE, text=True)
   _wait_for_checkpoint(victim, tmp_path / 'killed', 30)
   victim.send_signal(signal.SIGKILL)
   assert victim.wait() == -signal.SIGKILL
   before = _losses(tmp_path / 'killed')
   assert max(before) < 150, 'the run finished before it was killed'
 
-  resumed = subprocess.run(_cli(tmp_path / 'killed', *args), env=env, capture_output=True, text=True)
+  resumed = subprocess.run(train_command(tmp_path / 'killed', *args), env=env, capture_output=True, text=True)
   assert resumed.returncode == 0, resumed.stderr
   assert f'process {victim.pid} is gone' in resumed.stderr  # The killed trainer's workdir lease, taken over.
   report = json.loads((tmp_path / 'killed' / 'report.json').read_text())
@@ -182,17 +165,13 @@ def _logged_steps(workdir):
 
 
 def _wait_for_logged_step(proc, workdir, step, timeout=180):
-  deadline = time.time() + timeout
-  while max(_logged_steps(workdir), default=0) < step:
-    assert proc.poll() is None, f'training exited early:\n{proc.stderr.read()}'
-    assert time.time() < deadline, f'step {step} was not logged in time'
-    time.sleep(0.02)
+  wait_for(lambda: max(_logged_steps(workdir), default=0) >= step, proc, f'step {step} logged', timeout)
 
 
 def test_sigterm_writes_a_checkpoint_before_exiting(tmp_path):
   """The interval (100,000 steps) is never reached, so the only checkpoint is the one SIGTERM asked for."""
   workdir = tmp_path / 'run'
-  proc = subprocess.Popen(_cli(workdir, '--config.train.steps=200000', '--config.train.checkpoint_every=100000'),
+  proc = subprocess.Popen(train_command(workdir, '--config.train.steps=200000', '--config.train.checkpoint_every=100000'),
                           stderr=subprocess.PIPE, text=True)
   _wait_for_logged_step(proc, workdir, 3)
   proc.send_signal(signal.SIGTERM)
@@ -204,7 +183,7 @@ def test_sigterm_writes_a_checkpoint_before_exiting(tmp_path):
 
 
 def test_cli_rejects_bad_config_before_compiling(tmp_path):
-  out = subprocess.run(_cli(tmp_path, '--config.model.window=0'), capture_output=True, text=True)
+  out = subprocess.run(train_command(tmp_path, '--config.model.window=0'), capture_output=True, text=True)
   assert out.returncode == 2
   assert 'config.model.window=0 is invalid' in out.stderr
   assert not (tmp_path / 'checkpoints').exists()

@@ -17,8 +17,8 @@ import pytest
 
 from hybrid_jax.parallel import distributed
 from hybrid_jax.train import workdir_lock
-from tests.conftest import ROOT, small_config
-from tests.test_loop import _cli, _logged_steps, _losses
+from tests.conftest import ROOT, small_config, train_command
+from tests.test_loop import _logged_steps, _losses
 
 sys.path.insert(0, str(ROOT / 'launch'))
 import gpu as gpu_launch  # noqa: E402
@@ -203,7 +203,7 @@ def _reference_losses(steps, processes):
 @pytest.mark.slow
 def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   workdir = tmp_path / 'run'
-  procs = _processes(2, _cli(workdir, '--config.train.steps=6', '--config.train.checkpoint_every=3')[3:],
+  procs = _processes(2, train_command(workdir, '--config.train.steps=6', '--config.train.checkpoint_every=3')[3:],
                      tmp_path)
   assert [p.wait(timeout=900) for p in procs] == [0, 0], _log(tmp_path, 0)[-3000:] + _log(tmp_path, 1)[-3000:]
   report = json.loads((workdir / 'report.json').read_text())
@@ -214,7 +214,7 @@ def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   assert sorted(got) == list(range(1, 7))
   assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
   # Restart with more steps: both processes resume from step 6 and continue the same stream.
-  procs = _processes(2, _cli(workdir, '--config.train.steps=8', '--config.train.checkpoint_every=3')[3:],
+  procs = _processes(2, train_command(workdir, '--config.train.steps=8', '--config.train.checkpoint_every=3')[3:],
                      tmp_path)
   assert [p.wait(timeout=900) for p in procs] == [0, 0], _log(tmp_path, 0)[-3000:]
   report = json.loads((workdir / 'report.json').read_text())
@@ -230,7 +230,7 @@ def test_sigterm_to_one_process_checkpoints_both_at_the_same_step(tmp_path):
   """SIGTERM reaches one process of two; jax's preemption service makes both stop after the same step and write
   that step's checkpoint (the interval, 100,000 steps, is never reached), then exit with status 143."""
   workdir = tmp_path / 'run'
-  procs = _processes(2, _cli(workdir, '--config.train.steps=200000', '--config.train.checkpoint_every=100000')[3:],
+  procs = _processes(2, train_command(workdir, '--config.train.steps=200000', '--config.train.checkpoint_every=100000')[3:],
                      tmp_path)
   deadline = time.time() + 900
   while max(_logged_steps(workdir), default=0) < 3:
@@ -251,7 +251,7 @@ def test_sigterm_to_one_process_checkpoints_both_at_the_same_step(tmp_path):
 def test_killing_one_process_makes_the_other_exit_with_a_clear_error(tmp_path):
   workdir = tmp_path / 'run'
   heartbeat = 10
-  argv = _cli(workdir, '--config.train.steps=100000', '--config.train.checkpoint_every=5',
+  argv = train_command(workdir, '--config.train.steps=100000', '--config.train.checkpoint_every=5',
               f'--config.parallel.distributed.heartbeat_timeout_s={heartbeat}')[3:]
   procs = _processes(2, argv, tmp_path)
   deadline = time.time() + 900

@@ -17,35 +17,26 @@ from hybrid_jax import runs
 from hybrid_jax.study import collect
 from hybrid_jax import training
 from hybrid_jax.train import config_history, optim, session as session_lib, workdir_lock
-from tests.conftest import ROOT, small_config
-from tests.test_loop import _cli
+from tests.conftest import ROOT, small_config, train_command, wait_for
 
 ENV = dict(os.environ, JAX_PLATFORMS='cpu')
 
 
 def _train(workdir, *overrides):
-  return subprocess.run(_cli(workdir, *overrides), env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=600)
+  return subprocess.run(train_command(workdir, *overrides), env=ENV, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 def _errors(stderr):
   return [line for line in stderr.splitlines() if line.startswith('error:')]
 
 
-def _wait(condition, proc, what, timeout=300):
-  deadline = time.time() + timeout
-  while not condition():
-    assert proc.poll() is None, f'the trainer exited before {what}:\n{proc.stderr.read()}'
-    assert time.time() < deadline, f'no {what} in {timeout} s'
-    time.sleep(0.05)
-
-
 def test_a_second_trainer_is_refused_while_the_first_runs(tmp_path):
   """(A dead holder's takeover through the entry point: test_loop's kill -9 test and the two-process test here.)"""
   workdir = tmp_path / 'run'
-  first = subprocess.Popen(_cli(workdir, '--config.train.steps=100000', '--config.train.checkpoint_every=20'),
+  first = subprocess.Popen(train_command(workdir, '--config.train.steps=100000', '--config.train.checkpoint_every=20'),
                            env=ENV, stderr=subprocess.PIPE, text=True, cwd=ROOT)
   try:
-    _wait(lambda: (workdir / 'checkpoints' / '20').is_dir(), first, 'checkpoint 20')
+    wait_for(lambda: (workdir / 'checkpoints' / '20').is_dir(), first, 'checkpoint 20')
     lease = workdir_lock.read_lease(workdir)
     assert lease['state'] == 'held' and lease['pid'] == first.pid
 
@@ -57,7 +48,7 @@ def test_a_second_trainer_is_refused_while_the_first_runs(tmp_path):
     assert 'Traceback' not in second.stderr
     assert first.poll() is None and workdir_lock.read_lease(workdir)['pid'] == first.pid  # Left alone.
     assert runs.load_config(workdir).train.steps == 100000  # Reading a held run needs no lease.
-    _wait(lambda: len(runs.checkpoint_steps(workdir)) > 3, first, 'more checkpoints')  # Still training.
+    wait_for(lambda: len(runs.checkpoint_steps(workdir)) > 3, first, 'more checkpoints')  # Still training.
   finally:
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -94,7 +85,6 @@ def test_a_model_change_is_refused_and_a_learning_rate_change_is_recorded_with_i
 
   # The logged learning rate is each step's own config's schedule: the old one to step 12, the new one after.
   old, new = small_config(), small_config()
-  old.train.update(lr=3e-3)  # The rate the command line ran with (tests.test_loop._cli).
   new.train.update(lr=1e-2, steps=16)
   old_lr, new_lr = optim.make_schedule(old.train), optim.make_schedule(new.train)
   logged = {r['step']: r['lr'] for r in map(json.loads, (workdir / 'metrics.jsonl').read_text().splitlines())
@@ -128,7 +118,7 @@ def test_two_processes_take_over_once_and_stop_together(tmp_path):
   (workdir / 'checkpoints' / '4').mkdir(parents=True)  # Never read: a resume is judged before restoring.
   (workdir / 'config.json').write_text(small_config().to_json_best_effort())
   holder = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])
-  _wait(lambda: workdir_lock._pid_start(holder.pid), holder, 'the holder process')
+  wait_for(lambda: workdir_lock._pid_start(holder.pid), holder, 'the holder process')
   (workdir / workdir_lock.LEASE_FILE).write_text(json.dumps({
       'state': 'held', 'host': socket.gethostname(), 'pid': holder.pid, 'started_at': 'earlier',
       'heartbeat_at': time.time(), 'timeout_s': 120.0, 'machine': workdir_lock._machine(),
@@ -137,7 +127,7 @@ def test_two_processes_take_over_once_and_stop_together(tmp_path):
   def job(*overrides):
     args = local_multiprocess.argparse.Namespace(num_processes=2, devices_per_process=1, python=sys.executable,
                                                  port=local_multiprocess.free_port(),
-                                                 command=_cli(workdir, *overrides)[3:])
+                                                 command=train_command(workdir, *overrides)[3:])
     procs = []
     for pid, (env, cmd) in enumerate(local_multiprocess.commands(args)):
       with open(tmp_path / f'process_{pid}.log', 'w') as log:
