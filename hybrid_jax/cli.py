@@ -11,7 +11,7 @@ import pathlib
 import sys
 
 from hybrid_jax import command_line
-from hybrid_jax.config import ConfigError, apply_overrides, load_config_file, validate
+from hybrid_jax.config import ConfigError, apply_overrides, load_config_file, load_run, validate
 
 DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'hybrid.py') + \
     ':arch=swa128_nope,scale=tiny'
@@ -74,7 +74,7 @@ def _compile_configs(args, config):
   from hybrid_jax.study import plan
   seen, out = set(), []
   for run in plan.sweep_runs(args.sweep):
-    c = plan.load_run(run)[2]
+    c = load_run(run)[2]
     key = json.dumps([c.model.to_dict(), c.data.seq_len, c.train.batch_size, c.train.grad_accum,
                       c.train.loss_chunk, c.parallel.to_dict()], sort_keys=True, default=str)
     if key not in seen:

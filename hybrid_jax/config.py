@@ -9,6 +9,7 @@ import difflib
 import importlib.util
 import pathlib
 import re
+import shlex
 
 import ml_collections
 
@@ -110,6 +111,29 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   return module.get_config(arg or None)
 
 
+def resolve_path(path: str) -> str:
+  """A config or sweep file as given, else relative to the repository root (so plans run from anywhere)."""
+  if pathlib.Path(path).is_file() or not (_ROOT / path).is_file():
+    return path
+  return str(_ROOT / path)
+
+
+def load_run(run: str):
+  """(config spec, overrides, validated config) of one run string."""
+  tokens = shlex.split(run)
+  if not tokens:
+    raise ConfigError('empty run string')
+  spec = tokens[0].removeprefix('--config=')
+  path, sep, arg = spec.partition(':')
+  spec = resolve_path(path) + sep + arg
+  config = load_config_file(spec)
+  try:
+    overrides = apply_overrides(config, tokens[1:])
+    return spec, overrides, validate(config)
+  except ConfigError as e:
+    raise ConfigError(f'run {run!r}: {e}') from e
+
+
 def _fail(key, value, allowed):
   raise ConfigError(f'config.{key}={value!r} is invalid: {allowed}')
 
@@ -164,7 +188,8 @@ def _validate_recurrent(c, cycle):
             'needs model.scan_layers=False (the per-layer decay factor differs between repeats of the cycle)')
 
 
-BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+BASE_CONFIG = _ROOT / 'configs' / 'base.py'
 
 
 def _leaf_keys(c, prefix=''):

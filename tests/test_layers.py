@@ -1,11 +1,12 @@
-"""The layers flow one way: kernels -> models -> data/train -> eval/analysis/bench -> commands. Nothing under train/
-imports from eval/, analysis/ or bench/ (the caller hands the loop its hooks: hybrid_jax.training)."""
+"""The layers flow one way: kernels -> models -> data/train -> eval/analysis/bench/study -> commands. Nothing under
+train/ or data/ imports from eval/, analysis/, bench/ or study/ (the caller hands the loop its hooks:
+hybrid_jax.training; run strings are read by hybrid_jax.config)."""
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-UPPER = ('hybrid_jax.eval', 'hybrid_jax.analysis', 'hybrid_jax.bench')
+UPPER = ('hybrid_jax.eval', 'hybrid_jax.analysis', 'hybrid_jax.bench', 'hybrid_jax.study')
 
 
 def _imports(path: pathlib.Path):
@@ -23,8 +24,12 @@ def upward_imports(package: str):
                  for name in _imports(path) if name.startswith(UPPER)})
 
 
-def test_train_imports_nothing_from_eval_analysis_or_bench():
+def test_train_imports_nothing_from_eval_analysis_bench_or_study():
   assert upward_imports('hybrid_jax.train') == []
+
+
+def test_data_imports_nothing_from_eval_analysis_bench_or_study():
+  assert upward_imports('hybrid_jax.data') == []
 
 
 def test_the_check_sees_an_upward_import():

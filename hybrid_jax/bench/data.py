@@ -21,13 +21,12 @@ import tempfile
 import time
 
 from hybrid_jax import command_line
-from hybrid_jax.config import ConfigError
+from hybrid_jax.config import ConfigError, load_run
 from hybrid_jax.data import pipeline, pretokenized, sources
 
 
 def _config(spec: str, overrides: list[str]):
-  from hybrid_jax.study import plan  # pylint: disable=g-import-not-at-top
-  return plan.load_run(shlex.join([spec, *overrides]))[2]
+  return load_run(shlex.join([spec, *overrides]))[2]
 
 
 def required_tokens_per_s(compile_check_json: str | None, tokens_per_s: float | None, hosts: int) -> float | None:

@@ -26,7 +26,7 @@ import grain
 import numpy as np
 
 from hybrid_jax import command_line
-from hybrid_jax.config import ConfigError
+from hybrid_jax.config import ConfigError, load_run
 from hybrid_jax.data import pipeline, sources, tokenizers
 
 FORMAT = 'hybrid_jax pretokenized 1'
@@ -203,7 +203,6 @@ class PretokenizedSource:
 
 def main(argv) -> int:
   """`python -m hybrid_jax pretokenize --config=FILE[:ARG] [--config.KEY=VALUE ...] --out DIR`."""
-  from hybrid_jax.study import plan  # pylint: disable=g-import-not-at-top
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=__doc__.split('\n\n')[0],
                                        epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
                                        '--config as for train.')
@@ -213,7 +212,7 @@ def main(argv) -> int:
   parser.add_argument('--workers', type=int, default=0, help='grain worker processes that tokenize')
   args, overrides = parser.parse_known_args(argv)
   try:
-    _, _, config = plan.load_run(shlex.join([args.config, *overrides]))
+    _, _, config = load_run(shlex.join([args.config, *overrides]))
     manifest = pretokenize(config, args.out, args.shard_tokens, args.workers)
   except (ValueError, OSError) as e:
     print(f'error: {e}', file=sys.stderr)

@@ -30,46 +30,20 @@ import shlex
 import sys
 
 from hybrid_jax import command_line
-from hybrid_jax.config import ConfigError, apply_overrides, load_config_file, load_python_file, validate
+from hybrid_jax.config import ConfigError, load_python_file, load_run, resolve_path
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _resolve_file(path: str) -> str:
-  """A config or sweep file as given, else relative to the repository root (so plans run from anywhere)."""
-  if pathlib.Path(path).is_file() or not (ROOT / path).is_file():
-    return path
-  return str(ROOT / path)
-
 
 def sweep_runs(spec: str) -> list[str]:
   """The run strings of a sweep `FILE[:NAME]`: FILE's `runs(NAME)` (NAME None when absent)."""
   path, _, name = spec.partition(':')
-  module = load_python_file(_resolve_file(path), 'sweep')
+  module = load_python_file(resolve_path(path), 'sweep')
   if not hasattr(module, 'runs'):
     raise ConfigError(f'sweep file {path!r} defines no runs(name) function')
   runs = list(module.runs(name or None))
   if not runs or not all(isinstance(r, str) for r in runs):
     raise ConfigError(f'sweep {spec!r}: runs({name!r}) must return a non-empty list of config strings')
   return runs
-
-
-def load_run(run: str):
-  """(config spec, overrides, validated config) of one run string."""
-  tokens = shlex.split(run)
-  if not tokens:
-    raise ConfigError('empty run string')
-  spec = tokens[0].removeprefix('--config=')
-  path, sep, arg = spec.partition(':')
-  spec = _resolve_file(path) + sep + arg
-  config = load_config_file(spec)
-  try:
-    overrides = apply_overrides(config, tokens[1:])
-    return spec, overrides, validate(config)
-  except ConfigError as e:
-    raise ConfigError(f'run {run!r}: {e}') from e
 
 
 def plan_run(run: str, tflops: float, mfu: float) -> dict:
