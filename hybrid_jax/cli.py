@@ -20,7 +20,8 @@ OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --
 
 
 def _workdir(args, config) -> pathlib.Path:
-  return pathlib.Path(args.workdir or pathlib.Path('runs') / config.name)
+  from hybrid_jax import runs
+  return runs.local_workdir(args.workdir or pathlib.Path('runs') / config.name)
 
 
 def cmd_train(args, config):

@@ -7,9 +7,9 @@ rewritten here (unlike training's resume, which sets unrestorable checkpoints as
 
 import dataclasses
 import json
-import pathlib
-
 import logging
+import pathlib
+import re
 
 import jax
 import ml_collections
@@ -22,6 +22,19 @@ from hybrid_jax.train import config_history, state as state_lib
 
 class RunError(ValueError):
   """A run directory is missing, incomplete, or its checkpoint does not match its config."""
+
+
+_URL = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
+
+
+def local_workdir(workdir) -> pathlib.Path:
+  """`workdir` as a local path; a URL (gs://, s3://) is refused rather than silently turned into a local folder
+  named `gs:` (pathlib folds the slashes), because metrics are appended and locks taken through the filesystem."""
+  if _URL.match(str(workdir)):
+    raise RunError(f'workdir {workdir} is a URL; run directories are read and written through the local filesystem. '
+                   'Mount the bucket on every host (Cloud Storage FUSE: gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) '
+                   'and pass the mounted path, e.g. --workdir=/mnt/BUCKET/run1')
+  return pathlib.Path(workdir)
 
 
 @dataclasses.dataclass
@@ -45,7 +58,7 @@ class Run:
 def load_config(workdir) -> ml_collections.ConfigDict:
   """The validated config of a run's latest step: `<workdir>/config.json` (its first step's) with the changes
   its resumes recorded in `config_history.json` applied."""
-  path = pathlib.Path(workdir) / 'config.json'
+  path = local_workdir(workdir) / 'config.json'
   if not path.is_file():
     raise RunError(f'{workdir} is not a run directory: no config.json (train one with `python -m hybrid_jax train '
                    f'--workdir {workdir}`)')
@@ -124,7 +137,7 @@ def load_run(workdir, step: int | None = None, *, model_overrides: dict | None =
   `model_overrides` change inference-time model settings (e.g. `{'attention_implementation': 'reference'}` or a
   restricted `window`); they must not change parameter shapes, which the restore checks.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = local_workdir(workdir)
   config = load_config(workdir) if config is None else config.copy_and_resolve_references()
   if model_overrides:
     config.unlock()

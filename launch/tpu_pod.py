@@ -7,8 +7,9 @@ capacity, and the only way for multislice: `--slices=N`, each slice a node `<nam
 exact commands instead of running them.
 
   python launch/tpu_pod.py create --name=run1 --zone=us-east5-a --accelerator=v5p-64 --version=v2-alpha-tpuv5
-  python launch/tpu_pod.py setup  --name=run1 --zone=us-east5-a --repo=https://github.com/me/hybrid_jax
-  python launch/tpu_pod.py run    --name=run1 --zone=us-east5-a -- train --config=configs/hybrid.py:arch=full,scale=s3
+  python launch/tpu_pod.py setup  --name=run1 --zone=us-east5-a --repo=https://github.com/me/hybrid_jax --bucket=B
+  python launch/tpu_pod.py run    --name=run1 --zone=us-east5-a -- train --config=configs/hybrid.py:arch=full,scale=s3 \
+      --workdir=/mnt/B/full_s3
   python launch/tpu_pod.py logs   --name=run1 --zone=us-east5-a
   python launch/tpu_pod.py delete --name=run1 --zone=us-east5-a
 """
@@ -50,6 +51,10 @@ def commands(a) -> list[list[str]]:
   if a.action == 'setup':
     script = (f'git clone {shlex.quote(a.repo)} hybrid_jax || (cd hybrid_jax && git pull); cd hybrid_jax && '
               "python3 -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'")
+    if a.bucket:  # Run directories are local paths: every worker mounts the bucket at the same one.
+      mount = shlex.quote(f'/mnt/{a.bucket}')
+      script += (f' && sudo mkdir -p {mount} && sudo chown "$USER" {mount} && '
+                 f'(mountpoint -q {mount} || gcsfuse --implicit-dirs {shlex.quote(a.bucket)} {mount})')
     return [_ssh(a, script, node=node) for node in _nodes(a)]
   if a.action == 'run':
     hybrid = ' '.join(shlex.quote(x) for x in a.command)
@@ -80,6 +85,8 @@ def main(argv=None) -> int:
   p.add_argument('--slices', type=int, default=1, help='multislice: number of slices (implies --queued)')
   p.add_argument('--spot', action='store_true', help='spot (preemptible) capacity')
   p.add_argument('--repo', default='', help='setup: git URL of this project')
+  p.add_argument('--bucket', default='', help='setup: mount this Cloud Storage bucket at /mnt/BUCKET on every '
+                 'worker (gcsfuse), for --workdir=/mnt/BUCKET/RUN')
   p.add_argument('--worker', default='0', help="logs: which worker's log ('all' for every worker)")
   p.add_argument('--detach', action='store_true', help='run: start in the background (then use logs / stop)')
   p.add_argument('--dry-run', action='store_true', help='print the commands instead of running them')

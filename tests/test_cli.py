@@ -101,6 +101,14 @@ def test_missing_run_directory_is_one_line(tmp_path):
   _assert_user_error(_run('eval', '--workdir', str(tmp_path / 'nothing')), str(tmp_path / 'nothing'))
 
 
+@pytest.mark.parametrize('command', [['train', *TINY], ['eval'], ['analyze', 'retrieval-heads']])
+def test_a_url_workdir_is_refused_without_making_a_local_folder(tmp_path, command):
+  """pathlib folds gs://B/R into a local gs:/B/R; a run must never land there unnoticed."""
+  out = _run(*command, '--workdir=gs://bucket/run1', cwd=tmp_path)
+  _assert_user_error(out, 'workdir gs://bucket/run1 is a URL', 'gcsfuse', '--workdir=/mnt/BUCKET/run1')
+  assert list(tmp_path.iterdir()) == []
+
+
 def test_derived_defaults_follow_an_override_of_steps():
   default = cli.load_config(cli.DEFAULT_CONFIG, [])
   assert (default.train.steps, default.train.warmup_steps, default.train.eval_every,

@@ -147,12 +147,16 @@ def test_tpu_pod_launcher_dry_run(capsys):
       'gcloud compute tpus tpu-vm create run1 --project=my-proj --zone=us-east5-a --accelerator-type=v5p-64 '
       '--version=v2-alpha-tpuv5')
   assert tpu_pod.main(['run', *common, '--dry-run', '--', 'train', '--config=configs/hybrid.py:arch=full,scale=s1',
-                       '--workdir=gs://bucket/run1']) == 0
+                       '--workdir=/mnt/bucket/run1']) == 0
   run = capsys.readouterr().out.strip()
   assert run == ("gcloud compute tpus tpu-vm ssh run1 --project=my-proj --zone=us-east5-a --worker=all "
                  "'--command=cd hybrid_jax && .venv/bin/python -m hybrid_jax train "
-                 "--config=configs/hybrid.py:arch=full,scale=s1 --workdir=gs://bucket/run1 2>&1 | tee "
+                 "--config=configs/hybrid.py:arch=full,scale=s1 --workdir=/mnt/bucket/run1 2>&1 | tee "
                  "~/hybrid_jax_run.log'")
+  assert tpu_pod.main(['setup', *common, '--repo=https://example.com/hybrid_jax', '--bucket=bkt', '--dry-run']) == 0
+  setup = capsys.readouterr().out.strip()
+  assert setup.endswith("&& sudo mkdir -p /mnt/bkt && sudo chown \"$USER\" /mnt/bkt && "
+                        "(mountpoint -q /mnt/bkt || gcsfuse --implicit-dirs bkt /mnt/bkt)'"), setup
   assert tpu_pod.main(['run', *common, '--slices=2', '--dry-run', '--', 'train']) == 0
   assert [line.split()[5] for line in capsys.readouterr().out.splitlines()] == ['run1-0', 'run1-1']
   assert tpu_pod.main(['delete', *common, '--dry-run']) == 0

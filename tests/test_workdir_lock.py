@@ -119,3 +119,26 @@ def test_a_malformed_held_lease_is_taken_over_not_a_crash(tmp_path, caplog):
     lock = workdir_lock.WorkdirLock(tmp_path).acquire(renew_in_background=False)
   assert "lacks the holder's process or heartbeat" in caplog.text
   lock.release()
+
+
+MOUNTS = """sysfs /sys sysfs rw 0 0
+/dev/root / ext4 rw 0 0
+/dev/sdb /mnt/bkt/local\\040disk ext4 rw 0 0
+bkt /mnt/bkt fuse.gcsfuse rw,nosuid 0 0
+"""
+
+
+@pytest.mark.parametrize('path, kind', [('/home/u/runs/x', 'ext4'), ('/mnt/bkt', 'fuse.gcsfuse'),
+                                        ('/mnt/bkt/run1/deeper', 'fuse.gcsfuse'), ('/mnt/bktx/run', 'ext4'),
+                                        ('/mnt/bkt/local disk/run', 'ext4')])
+def test_the_filesystem_of_a_path_is_its_longest_mount_point(path, kind):
+  assert workdir_lock.filesystem_type(path, MOUNTS) == kind
+
+
+def test_a_bucket_mounted_as_files_takes_the_object_store_protocol(tmp_path, monkeypatch):
+  """flock on Cloud Storage FUSE is per host, so there the lease is written and read back."""
+  monkeypatch.setattr(workdir_lock, 'filesystem_type', lambda path: 'fuse.gcsfuse')
+  assert not workdir_lock.is_local(tmp_path)
+  assert isinstance(workdir_lock.WorkdirLock(tmp_path)._file, workdir_lock._RemoteLeaseFile)
+  monkeypatch.setattr(workdir_lock, 'filesystem_type', lambda path: 'ext4')
+  assert workdir_lock.is_local(tmp_path) and not workdir_lock.is_local('gs://bkt/run')

@@ -119,12 +119,14 @@ def train(config, workdir, hooks: hooks_lib.HookFactory | None = None) -> dict:
   The run holds `workdir` throughout; another trainer on it, or a resume that changes a key defining the run,
   stops before anything is restored (session.REFUSALS).
   """
+  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  workdir = runs.local_workdir(workdir)
   validate(config)
   _check_vocab(config)
   distributed.initialize(config.parallel.distributed)
   distributed.check_same_config(config, config.parallel.distributed.barrier_timeout_s)
   with session_lib.open_session(config, workdir) as session:
-    return _train(config, pathlib.Path(workdir), session, hooks)
+    return _train(config, workdir, session, hooks)
 
 
 def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hooks) -> dict:

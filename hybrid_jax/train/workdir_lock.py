@@ -3,11 +3,11 @@
 The lease names its holder (host, process id, start time) and when it was last renewed. A second trainer on the
 same workdir stops with a line naming the holder. A holder that died is taken over with a warning: on the holder's
 own host (same machine boot and process namespace) as soon as its process is gone; seen from anywhere else (a
-shared filesystem, `gs://`) once its lease went unrenewed for longer than its timeout, since a process on another
+shared filesystem, a mounted bucket) once its lease went unrenewed for longer than its timeout, since a process on another
 machine cannot be asked whether it lives.
 
 On a local path every read-modify-write of the lease happens under `flock`, so two trainers starting together
-cannot both win. Object stores have no such lock: there the winner is whoever's lease is read back after writing,
+cannot both win. Object stores (and buckets mounted as files, whose flock is per host) have no such lock: there the winner is whoever's lease is read back after writing,
 and a holder that finds someone else's lease at its next renewal stops before it writes another checkpoint.
 """
 
@@ -90,8 +90,34 @@ def _utc(t: float) -> str:
   return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
 
 
+# Filesystems that present an object store as files (Cloud Storage FUSE, s3fs): flock there is not shared
+# between hosts, so leases on them use the object-store protocol (write, then read back).
+OBJECT_STORE_FILESYSTEMS = ('fuse.gcsfuse', 'fuse.s3fs')
+
+
+def filesystem_type(path, mounts: str | None = None) -> str:
+  """The type of the filesystem holding `path` (its longest mount point in /proc/self/mounts), or ''."""
+  if mounts is None:
+    try:
+      with open('/proc/self/mounts') as f:
+        mounts = f.read()
+    except OSError:  # Not Linux: no mount table to read.
+      return ''
+  target, best, kind = os.path.realpath(path), '', ''
+  for line in mounts.splitlines():
+    fields = line.split()
+    if len(fields) < 3:
+      continue
+    point = fields[1].replace('\\040', ' ')
+    inside = target == point or target.startswith(point.rstrip('/') + '/')
+    if inside and len(point) >= len(best):
+      best, kind = point, fields[2]
+  return kind
+
+
 def is_local(workdir) -> bool:
-  return '://' not in str(workdir)
+  """Whether flock on `workdir` excludes every other trainer: not a URL, nor an object store mounted as files."""
+  return '://' not in str(workdir) and filesystem_type(workdir) not in OBJECT_STORE_FILESYSTEMS
 
 
 class _LocalLeaseFile:
