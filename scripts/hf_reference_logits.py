@@ -4,10 +4,12 @@ Needs Python 3.11 with torch and transformers >= 5.15 (GraniteSWA); the test sui
 
   python3.11 -m venv /tmp/hfref311
   /tmp/hfref311/bin/pip install torch==2.13.0 && /tmp/hfref311/bin/pip install "transformers>=5.15" safetensors
-  /tmp/hfref311/bin/python scripts/hf_reference_logits.py tests/data/hf [--build] [--length=N]
+  /tmp/hfref311/bin/python scripts/hf_reference_logits.py tests/data/hf [--build] [--length=N] [--only=A,B]
 
 `--build` first writes the transformers-side fixtures (tiny random models saved by `save_pretrained`: a tied Llama
-with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3).
+with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3, a
+GraniteSWA with every scaling away from its plain value). `--only` limits building and references to the named
+fixture directories.
 Then, for every directory given (or every checkpoint directory under it), it loads the checkpoint with
 AutoModelForCausalLM in float32 and writes `reference.safetensors`: `tokens` [2, N] (int32; N = --length, default
 16), `logits` [2, N, vocab] from the eager attention path, and `greedy` [2, 8]: 8 greedily generated tokens per row. It
@@ -40,12 +42,22 @@ BUILT = {
         no_rope_layers=[1, 1, 0, 1, 1, 0],
         layer_types=['sliding_attention', 'sliding_attention', 'full_attention'] * 2,
         rope_parameters={'rope_type': 'default', 'rope_theta': 1000.0})),
+    # Every Granite scaling away from the plain block (MiniCPM-like embedding and logit factors), an attention
+    # scale other than head_dim**-0.5, untied, a window shorter than the sequence, NoPE on the full layer.
+    'hf_granite_swa_scaled': (transformers.GraniteSWAConfig, dict(
+        num_hidden_layers=3, tie_word_embeddings=False, sliding_window=3,
+        layer_types=['sliding_attention', 'full_attention', 'sliding_attention'],
+        layer_rope_theta=[10000.0, 0, 10000.0], attention_multiplier=0.2, embedding_multiplier=12.0,
+        residual_multiplier=0.6, logits_scaling=4.0,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
 }
 BATCH, LENGTH, NEW_TOKENS = 2, 16, 8
 
 
-def build(root: pathlib.Path):
+def build(root: pathlib.Path, only=None):
   for seed, (name, (config_class, fields)) in enumerate(BUILT.items()):
+    if only and name not in only:
+      continue
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config_class(**SMALL, **fields))
     with torch.no_grad():
@@ -96,11 +108,13 @@ def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
 def main(argv):
   roots = [pathlib.Path(a) for a in argv if not a.startswith('--')]
   length = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--length=')), LENGTH)
+  only = next((set(a.split('=', 1)[1].split(',')) for a in argv if a.startswith('--only=')), None)
   if '--build' in argv:
-    build(roots[0])
+    build(roots[0], only)
   for root in roots:
     dirs = [root] if (root / 'config.json').is_file() else sorted(p for p in root.iterdir()
                                                                   if (p / 'config.json').is_file())
+    dirs = [path for path in dirs if not only or path.name in only]
     for path in dirs:
       print(path.name, json.dumps(reference(path, length)))
 

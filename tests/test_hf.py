@@ -57,9 +57,13 @@ def test_logits_match_transformers(name):
   assert _rel_err(ours, ref['logits']) <= REL_TOL
 
 
-# Windows shorter than the prompt, NoPE and an irregular pattern in the default suite; the rest under -m slow.
-@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in ('hf_granite_swa_nope', 'jax_mistral_swa')
-                                               else [pytest.mark.slow]) for n in FIXTURES])
+# Windows shorter than the prompt, NoPE, an irregular pattern and the scalings in the default suite; the rest under
+# -m slow.
+DEFAULT_GREEDY = ('hf_granite_swa_nope', 'jax_mistral_swa', 'hf_granite_swa_scaled')
+
+
+@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in DEFAULT_GREEDY else [pytest.mark.slow])
+                                  for n in FIXTURES])
 def test_greedy_tokens_match_transformers(name):
   """The decode path (KV caches, SWA rings) continues greedily exactly as transformers' generate did."""
   config, params, _ = io.read_hf(DATA / name)
@@ -87,6 +91,11 @@ def test_imported_layer_patterns():
   assert (derived['cycle'], derived['rope_full'], derived['rope_swa']) == (('full', 'full', 'swa'), True, False)
   assert fields('hf_llama_tied')['cycle'] == ('full',)
   assert fields('jax_mistral_swa')['cycle'] == ('swa',)
+  scaled = fields('hf_granite_swa_scaled')  # Granite's multipliers become the model options of the same meaning.
+  assert {k: scaled[k] for k in ('embedding_multiplier', 'residual_multiplier', 'logits_scaling',
+                                 'attention_scale')} == dict(embedding_multiplier=12.0, residual_multiplier=0.6,
+                                                             logits_scaling=4.0, attention_scale=0.2)
+  assert fields('hf_granite_swa_nope')['attention_scale'] == 0.0  # Its multiplier is head_dim**-0.5: the default.
 
 
 @pytest.mark.parametrize('name', EXPORTED)
@@ -99,6 +108,20 @@ def test_export_of_imported_fixture_is_identical(name, tmp_path):
   assert ours.keys() == theirs.keys()
   for key in ours:
     np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+
+
+def test_scalings_export_as_granite_and_round_trip(tmp_path):
+  """The scaled fixture re-exports (auto) as GraniteSWA with its four factors, and that re-imports identically."""
+  config, params, _ = io.read_hf(DATA / 'hf_granite_swa_scaled')
+  hf = io.write_hf(tmp_path, config.model, params, max_positions=64)
+  source = io.read_hf_config(DATA / 'hf_granite_swa_scaled')
+  for field in ('model_type', 'embedding_multiplier', 'residual_multiplier', 'logits_scaling',
+                'attention_multiplier', 'layer_types', 'layer_rope_theta', 'sliding_window'):
+    assert hf[field] == source[field], field
+  back_config, back, _ = io.read_hf(tmp_path)
+  assert back_config.model.to_dict() == config.model.to_dict()
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_round_trip_of_a_scanned_model(tmp_path):
@@ -154,6 +177,9 @@ def test_cli_import_run_then_export(tmp_path, capsys):
     (dict(cycle=('swa', 'full'), window=4), 'mistral', r'--arch=mistral gives every layer the same window'),
     (dict(cycle=('full',), rope_full=False), 'llama', r'layers \[0, 1, 2\] are NoPE'),
     (dict(cycle=('full',)), 'gpt2', r"--arch='gpt2' is not a supported"),
+    (dict(cycle=('full',), logits_scaling=2.0, attention_scale=0.1), 'llama',
+     r'--arch=llama has no .* multipliers or attention scale, but the model sets model.logits_scaling, '
+     r'model.attention_scale; use granite_swa'),
 ])
 def test_export_refuses_what_no_class_expresses(fields, arch, match):
   config = _tiny_config(**fields)
@@ -176,8 +202,8 @@ def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, c
     ('hf_llama_tied', dict(hidden_act='gelu'), r"hidden_act='gelu'"),
     ('hf_llama_tied', dict(rope_parameters={'rope_type': 'yarn', 'rope_theta': 1e4, 'factor': 4.0}),
      r"rope_type='yarn'"),
-    ('hf_granite_swa_nope', dict(residual_multiplier=0.22), r'residual_multiplier=0.22'),
-    ('hf_granite_swa_nope', dict(attention_multiplier=1.0), r'attention_multiplier=1.0 .*head_dim\*\*-0.5'),
+    ('hf_granite_swa_scaled', dict(residual_multiplier=0), r'residual_multiplier=0 .*a finite number > 0'),
+    ('hf_granite_swa_scaled', dict(attention_multiplier=-0.2), r'attention_multiplier=-0.2 .*a finite number > 0'),
     ('hf_granite_swa_nope', dict(layer_rope_theta=[0, 1e4, 5e5, 0, 1e4]), r'one RoPE base'),
     ('hf_granite_swa_nope', dict(layer_rope_theta=[1e4, 1e4, 1e4, 0, 1e4]),
      r'full-attention layers mix RoPE and NoPE \(NoPE at layers \[3\]\)'),

@@ -88,7 +88,7 @@ def _attention(mixer, spec, h, positions, restriction, queries):
       qs = slice(kv.start * mixer.groups, kv.stop * mixer.groups)
       use = None if impl == 'cudnn' and sinks else impl  # cuDNN has no sinks; the automatic choice does.
       outs.append(kernels.attention(q[:, :, qs], k[:, :, kv], v[:, :, kv], window=window, sinks=sinks,
-                                    implementation=use))
+                                    scale=mixer.scale, implementation=use))
     y = mixer._out(jnp.concatenate(outs, axis=2))  # pylint: disable=protected-access
   probs = None
   if queries is not None:
@@ -98,22 +98,22 @@ def _attention(mixer, spec, h, positions, restriction, queries):
       n = (kv.stop - kv.start) * mixer.groups
       per_head_w += [t + 1 if window is None else window] * n
       per_head_s += [sinks] * n
-    probs = query_probs(q, k, queries, per_head_w, per_head_s)
+    probs = query_probs(q, k, queries, per_head_w, per_head_s, scale=mixer.scale)
   return y, probs
 
 
-def query_probs(q, k, query_index, windows, sinks):
+def query_probs(q, k, query_index, windows, sinks, *, scale=None):
   """Softmax attention probabilities [B, Hq, nq, T] of the queries at `query_index` [B, nq].
 
   q [B, T, Hq, D] and k [B, T, Hkv, D] as the layer computes them (RoPE applied); `windows` / `sinks` are per query
   head ([Hq] ints; a window >= T means full causal). The mask is the kernels' one: key j is visible to query i iff
-  j <= i and (j > i - window or j < sinks).
+  j <= i and (j > i - window or j < sinks). `scale`: the factor on q·k (default head_dim**-0.5).
   """
   b, t, hq, d = q.shape
   groups = hq // k.shape[2]
   qs = jnp.take_along_axis(q, query_index[:, :, None, None], axis=1).astype(jnp.float32)  # [B, nq, Hq, D]
   ks = jnp.repeat(k, groups, axis=2).astype(jnp.float32)
-  logits = jnp.einsum('bnhd,bthd->bhnt', qs, ks) * d ** -0.5
+  logits = jnp.einsum('bnhd,bthd->bhnt', qs, ks) * (scale or d ** -0.5)
   i = query_index[:, None, :, None]
   j = jnp.arange(t)[None, None, None, :]
   w = jnp.asarray(windows)[None, :, None, None]

@@ -3,10 +3,12 @@
 Both sides are reduced to one layer plan: per layer, its attention window (None = full) and whether it uses RoPE.
 A hybrid_jax model has one window for all SWA layers, one RoPE setting per layer kind and one RoPE base; a
 transformers config that needs more than that (or any math this project's block lacks) is refused, naming the
-field, before a single weight is read.
+field, before a single weight is read. Granite's scalings (embedding, residual and logit multipliers, attention
+scale) map one to one onto the model options of the same meaning (`SCALING_FIELDS`).
 """
 
 import dataclasses
+import math
 
 from hybrid_jax.hf import HFError
 from hybrid_jax.models import pattern
@@ -21,8 +23,13 @@ _DEFAULTS = {
     'llama': dict(rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0),
     'mistral': dict(rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0, sliding_window=4096),
     'smollm3': dict(rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=2000000.0, sliding_window=None),
-    'granite_swa': dict(rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0, sliding_window=128),
+    'granite_swa': dict(rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0, sliding_window=128,
+                        embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+                        attention_multiplier=1.0),
 }
+# hybrid_jax model field -> GraniteSWA config field of the same meaning, and the plain block's value.
+SCALING_FIELDS = {'embedding_multiplier': ('embedding_multiplier', 1.0),
+                  'residual_multiplier': ('residual_multiplier', 1.0), 'logits_scaling': ('logits_scaling', 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +63,17 @@ def layer_plan(model_cfg) -> list[Layer]:
   return plan
 
 
-def auto_arch(plan: list[Layer]) -> str:
-  """The plainest class that holds the plan: Llama (full + RoPE), Mistral (SWA + RoPE everywhere), else SmolLM3."""
+def scalings(model_cfg) -> list[str]:
+  """The model's scaling options that differ from the plain block (only GraniteSWA expresses them)."""
+  changed = [field for field, (_, plain) in SCALING_FIELDS.items() if float(model_cfg[field]) != plain]
+  return changed + (['attention_scale'] if model_cfg.attention_scale else [])
+
+
+def auto_arch(plan: list[Layer], scaled: bool = False) -> str:
+  """The plainest class that holds the plan: Llama (full + RoPE), Mistral (SWA + RoPE everywhere), else SmolLM3;
+  GraniteSWA whenever the model has scalings (`scaled`)."""
+  if scaled:
+    return 'granite_swa'
   if all(layer.rope for layer in plan):
     if all(layer.window is None for layer in plan):
       return 'llama'
@@ -66,10 +82,13 @@ def auto_arch(plan: list[Layer]) -> str:
   return 'smollm3'
 
 
-def _check_expressible(arch: str, plan: list[Layer]):
+def _check_expressible(arch: str, plan: list[Layer], scaled: list[str]):
   if arch not in HF_CLASSES:
     raise HFError(f'--arch={arch!r} is not a supported transformers architecture; choose auto or one of '
                   f'{", ".join(HF_CLASSES)}')
+  if arch != 'granite_swa' and scaled:
+    raise HFError(f'--arch={arch} has no embedding/residual/logit multipliers or attention scale, but the model '
+                  f'sets model.{", model.".join(scaled)}; use granite_swa')
   if arch in ('llama', 'mistral'):
     nope = [i for i, layer in enumerate(plan) if not layer.rope]
     if nope:
@@ -88,8 +107,9 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: i
   `eos_id`: the run tokenizer's end-of-document id (generation stops there); None when unknown.
   """
   plan = layer_plan(model_cfg)
-  arch = auto_arch(plan) if arch == 'auto' else arch
-  _check_expressible(arch, plan)
+  scaled = scalings(model_cfg)
+  arch = auto_arch(plan, bool(scaled)) if arch == 'auto' else arch
+  _check_expressible(arch, plan, scaled)
   windows = {layer.window for layer in plan if layer.window is not None}
   window = windows.pop() if windows else None
   hf = dict(
@@ -108,11 +128,11 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: i
   elif arch == 'smollm3':
     hf.update(mlp_bias=False, use_sliding_window=window is not None, sliding_window=window, layer_types=layer_types,
               no_rope_layers=[int(layer.rope) for layer in plan])
-  else:  # granite_swa: plain multipliers and -inf sinks make it the same function as Llama's block.
+  else:  # granite_swa: the model's scalings; -inf sinks make its attention the plain softmax.
     hf.update(mlp_bias=False, sliding_window=window, layer_types=layer_types,
               layer_rope_theta=[float(model_cfg.rope_base) if layer.rope else 0.0 for layer in plan],
-              attention_multiplier=model_cfg.head_dim ** -0.5, embedding_multiplier=1.0, residual_multiplier=1.0,
-              logits_scaling=1.0)
+              attention_multiplier=float(model_cfg.attention_scale) or model_cfg.head_dim ** -0.5,
+              **{hf_field: float(model_cfg[field]) for field, (hf_field, _) in SCALING_FIELDS.items()})
   return hf
 
 
@@ -162,15 +182,25 @@ def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Lay
   nonzero = sorted({t for t in thetas if t})
   if len(nonzero) > 1:
     _refuse('layer_rope_theta', thetas, 'hybrid_jax has one RoPE base for all RoPE layers (0 = NoPE is fine)')
-  for field, plain in (('embedding_multiplier', 1.0), ('residual_multiplier', 1.0), ('logits_scaling', 1.0)):
-    if float(hf.get(field, 1.0)) != plain:
-      _refuse(field, hf[field], f'only {plain} (the plain pre-norm block) is supported')
-  head_dim = hf.get('head_dim') or hf['hidden_size'] // hf['num_attention_heads']
-  scale = hf.get('attention_multiplier', 1.0)
-  if abs(scale - head_dim ** -0.5) > 1e-7 * head_dim ** -0.5:
-    _refuse('attention_multiplier', scale, f'attention is scaled by head_dim**-0.5 = {head_dim ** -0.5!r}')
   windows = [hf.get('sliding_window') if t == _SLIDING else None for t in types]
   return [Layer(w, bool(t)) for w, t in zip(windows, thetas)], (nonzero[0] if nonzero else theta)
+
+
+def _positive(hf: dict, field: str) -> float:
+  value = hf.get(field)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    _refuse(field, value, 'a finite number > 0 is required')
+  return float(value)
+
+
+def _scaling_fields(hf: dict, model_type: str, head_dim: int) -> dict:
+  """hybrid_jax's scaling options (model.embedding_multiplier, ...) from a config's multipliers."""
+  if model_type != 'granite_swa':
+    return {}
+  fields = {field: _positive(hf, hf_field) for field, (hf_field, _) in SCALING_FIELDS.items()}
+  scale = _positive(hf, 'attention_multiplier')
+  fields['attention_scale'] = 0.0 if scale == head_dim ** -0.5 else scale  # 0: the default path, same value.
+  return fields
 
 
 def _shortest_cycle(kinds: list[str]) -> tuple[str, ...]:
@@ -218,12 +248,12 @@ def plan_import(hf: dict) -> ImportPlan:
     if not theta:
       _refuse('rope_parameters.rope_theta', theta, 'RoPE layers need a base > 1')
   heads = hf['num_attention_heads']
+  head_dim = hf.get('head_dim') or hf['hidden_size'] // heads
   fields = dict(
       vocab_size=hf['vocab_size'], d_model=hf['hidden_size'], num_layers=hf['num_hidden_layers'], num_heads=heads,
-      num_kv_heads=hf.get('num_key_value_heads') or heads,
-      head_dim=hf.get('head_dim') or hf['hidden_size'] // heads, d_ff=hf['intermediate_size'],
+      num_kv_heads=hf.get('num_key_value_heads') or heads, head_dim=head_dim, d_ff=hf['intermediate_size'],
       cycle=_shortest_cycle(kinds), rope_full=rope_full, rope_swa=rope_swa,
-      norm_eps=float(hf['rms_norm_eps']))
+      norm_eps=float(hf['rms_norm_eps']), **_scaling_fields(hf, model_type, head_dim))
   if theta:
     fields['rope_base'] = float(theta)
   if windows:

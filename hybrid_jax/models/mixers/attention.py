@@ -27,6 +27,8 @@ class Attention(nnx.Module):
     self.spec = spec
     self.groups = hq // hkv
     self.rope_base = cfg.rope_base
+    # Factor on q·k; None (model.attention_scale 0) leaves the kernels' default head_dim**-0.5.
+    self.scale = float(cfg.attention_scale) or None
     self.dtype = dtype_of(cfg.dtype)
     impl = cfg.attention_implementation
     self.implementation = None if impl == 'auto' else impl
@@ -52,7 +54,7 @@ class Attention(nnx.Module):
   def _attend(self, q, k, v):
     if self.spec.kind == 'headwise':
       return self._headwise(q, k, v)
-    return _kernel(q, k, v, self.spec.window, self.implementation)
+    return _kernel(q, k, v, self.spec.window, self.scale, self.implementation)
 
   # ------------------------------------------------------------------------------------------- decoding
   def _groups(self):
@@ -85,7 +87,7 @@ class Attention(nnx.Module):
       held = cache_lib.slot_positions(cache['k'].shape[1], position)
       visible = (held >= 0) if window is None else (held >= 0) & (held > position - window)
       q_group = q[:, 0, kv.start * self.groups:kv.stop * self.groups]
-      outs.append(_attend_one(q_group, cache['k'], cache['v'], visible))
+      outs.append(_attend_one(q_group, cache['k'], cache['v'], visible, self.scale))
       new_state.append(cache)
     o = jnp.concatenate(outs, axis=1)[:, None]
     return self._out(o), new_state
@@ -94,9 +96,10 @@ class Attention(nnx.Module):
     """The first KV groups attend through the window, the last `full_kv_heads` groups attend fully."""
     n_swa_kv = k.shape[2] - self.spec.full_kv_heads
     n_swa_q = n_swa_kv * self.groups
-    o_swa = _kernel(q[:, :, :n_swa_q], k[:, :, :n_swa_kv], v[:, :, :n_swa_kv], self.spec.window,
+    o_swa = _kernel(q[:, :, :n_swa_q], k[:, :, :n_swa_kv], v[:, :, :n_swa_kv], self.spec.window, self.scale,
                     self.implementation)
-    o_full = _kernel(q[:, :, n_swa_q:], k[:, :, n_swa_kv:], v[:, :, n_swa_kv:], None, self.implementation)
+    o_full = _kernel(q[:, :, n_swa_q:], k[:, :, n_swa_kv:], v[:, :, n_swa_kv:], None, self.scale,
+                     self.implementation)
     return jnp.concatenate([o_swa, o_full], axis=2)
 
 
@@ -104,19 +107,19 @@ _Q_AXES = ('batch', None, 'heads', None)  # The kernel needs whole sequences: 's
 _KV_AXES = ('batch', None, 'kv_heads', None)
 
 
-def _kernel(q, k, v, window, implementation):
+def _kernel(q, k, v, window, scale, implementation):
   """The attention kernel, per shard of batch and heads when a sharded step is traced."""
-  fn = lambda q, k, v: kernels.attention(q, k, v, window=window, implementation=implementation)
+  fn = lambda q, k, v: kernels.attention(q, k, v, window=window, scale=scale, implementation=implementation)
   return activations.shard_local(fn, (q, k, v), (_Q_AXES, _KV_AXES, _KV_AXES), _Q_AXES,
                                  tied=('heads', 'kv_heads'))
 
 
-def _attend_one(q, k, v, visible):
+def _attend_one(q, k, v, visible, scale):
   """Softmax attention of one query per row, q [B, Hq, D], over cached k/v [B, S, Hkv, D] where `visible` [S]."""
   b, hq, d = q.shape
   hkv = k.shape[2]
   qg = q.reshape(b, hkv, hq // hkv, d)
-  logits = jnp.einsum('bhgd,bshd->bhgs', qg, k, preferred_element_type=jnp.float32) * d ** -0.5
+  logits = jnp.einsum('bhgd,bshd->bhgs', qg, k, preferred_element_type=jnp.float32) * (scale or d ** -0.5)
   logits = jnp.where(visible, logits, -jnp.inf)
   p = jax.nn.softmax(logits, axis=-1)
   o = jnp.einsum('bhgs,bshd->bhgd', p.astype(v.dtype), v, preferred_element_type=jnp.float32)
