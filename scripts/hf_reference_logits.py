@@ -8,8 +8,15 @@ Needs Python 3.11 with torch and transformers >= 5.15 (GraniteSWA); the test sui
 
 `--build` first writes the transformers-side fixtures (tiny random models saved by `save_pretrained`: a tied Llama
 with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3, a
-GraniteSWA with every scaling away from its plain value). `--only` limits building and references to the named
-fixture directories.
+GraniteSWA with every scaling away from its plain value, a full-attention GraniteSWA with MiniCPM's scalings).
+`--only` limits building and references to the named fixture directories.
+
+MiniCPM checkpoints load through remote modeling code, which transformers does not ship; its block is Llama's with
+embeddings times `scale_emb`, residual branches times `scale_depth / sqrt(num_layers)` and the final hidden state
+divided by `hidden_size / dim_model_base`, which is GraniteSWA with those three multipliers (logits divided instead
+of the hidden state: the same up to rounding), head_dim**-0.5 attention, full attention with RoPE and -inf sinks.
+So `minicpm_from_granite` is written from `hf_granite_minicpm`: the same tensors (sinks dropped) under a MiniCPM
+config.json, with the GraniteSWA reference logits.
 Then, for every directory given (or every checkpoint directory under it), it loads the checkpoint with
 AutoModelForCausalLM in float32 and writes `reference.safetensors`: `tokens` [2, N] (int32; N = --length, default
 16), `logits` [2, N, vocab] from the eager attention path, and `greedy` [2, 8]: 8 greedily generated tokens per row. It
@@ -17,7 +24,9 @@ prints how far the sdpa path's logits are from the eager ones (where the class h
 """
 
 import json
+import math
 import pathlib
+import shutil
 import sys
 
 import numpy as np
@@ -50,7 +59,16 @@ BUILT = {
         layer_rope_theta=[10000.0, 0, 10000.0], attention_multiplier=0.2, embedding_multiplier=12.0,
         residual_multiplier=0.6, logits_scaling=4.0,
         rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    # MiniCPM's scalings as GraniteSWA multipliers (scale_emb 12, scale_depth 1.4, dim_model_base 4), tied; heads
+    # hidden_size / num_attention_heads wide, as MiniCPM's are.
+    'hf_granite_minicpm': (transformers.GraniteSWAConfig, dict(
+        num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2, tie_word_embeddings=True, layer_types=['full_attention'] * 2,
+        layer_rope_theta=[10000.0] * 2, attention_multiplier=8 ** -0.5, embedding_multiplier=12.0,
+        residual_multiplier=1.4 / math.sqrt(2), logits_scaling=16 / 4,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
 }
+# derived fixture -> (its GraniteSWA source, the MiniCPM fields that give the source's multipliers)
+DERIVED = {'minicpm_from_granite': ('hf_granite_minicpm', dict(scale_emb=12.0, scale_depth=1.4, dim_model_base=4))}
 BATCH, LENGTH, NEW_TOKENS = 2, 16, 8
 
 
@@ -59,7 +77,7 @@ def build(root: pathlib.Path, only=None):
     if only and name not in only:
       continue
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config_class(**SMALL, **fields))
+    model = transformers.AutoModelForCausalLM.from_config(config_class(**{**SMALL, **fields}))
     with torch.no_grad():
       for pname, p in model.named_parameters():
         if pname.endswith('sinks'):
@@ -105,6 +123,31 @@ def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
           'sdpa_vs_eager_max_abs': gap}
 
 
+def write_minicpm(source: pathlib.Path, target: pathlib.Path, scalings: dict):
+  """A MiniCPM checkpoint (config.json as MiniCPM's remote code reads it) holding the GraniteSWA source's weights."""
+  granite = json.loads((source / 'config.json').read_text())
+  config = dict(
+      architectures=['MiniCPMForCausalLM'], model_type='minicpm',
+      auto_map={'AutoConfig': 'configuration_minicpm.MiniCPMConfig',
+                'AutoModelForCausalLM': 'modeling_minicpm.MiniCPMForCausalLM'},
+      bos_token_id=None, eos_token_id=None, hidden_act='silu', hidden_size=granite['hidden_size'],
+      intermediate_size=granite['intermediate_size'], max_position_embeddings=granite['max_position_embeddings'],
+      num_attention_heads=granite['num_attention_heads'], num_hidden_layers=granite['num_hidden_layers'],
+      num_key_value_heads=granite['num_key_value_heads'], rms_norm_eps=granite['rms_norm_eps'], rope_scaling=None,
+      rope_theta=granite['rope_parameters']['rope_theta'], torch_dtype='float32', vocab_size=granite['vocab_size'],
+      **scalings)  # tie_word_embeddings left out: MiniCPM's default (true), as in its 2B checkpoints.
+  assert granite['tie_word_embeddings'] and granite['residual_multiplier'] == (
+      scalings['scale_depth'] / math.sqrt(granite['num_hidden_layers']))
+  target.mkdir(parents=True, exist_ok=True)
+  (target / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
+  tensors = safetensors.numpy.load_file(str(source / 'model.safetensors'))
+  sinks = {name: t for name, t in tensors.items() if name.endswith('self_attn.sinks')}
+  assert all(np.all(t == -np.inf) for t in sinks.values())
+  safetensors.numpy.save_file({n: t for n, t in tensors.items() if n not in sinks}, str(target / 'model.safetensors'),
+                              metadata={'format': 'pt'})
+  shutil.copyfile(source / 'reference.safetensors', target / 'reference.safetensors')
+
+
 def main(argv):
   roots = [pathlib.Path(a) for a in argv if not a.startswith('--')]
   length = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--length=')), LENGTH)
@@ -114,9 +157,13 @@ def main(argv):
   for root in roots:
     dirs = [root] if (root / 'config.json').is_file() else sorted(p for p in root.iterdir()
                                                                   if (p / 'config.json').is_file())
-    dirs = [path for path in dirs if not only or path.name in only]
+    dirs = [path for path in dirs if (not only or path.name in only) and path.name not in DERIVED]
     for path in dirs:
       print(path.name, json.dumps(reference(path, length)))
+      for name, (source, scalings) in DERIVED.items():
+        if source == path.name:
+          write_minicpm(path, path.parent / name, scalings)
+          print(f'wrote {name} from {source}')
 
 
 if __name__ == '__main__':

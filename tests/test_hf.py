@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from hybrid_jax import cli as hybrid_jax_cli, runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
-from hybrid_jax.hf import HFError, cli, config_map, io
+from hybrid_jax.hf import HFError, cli, config_map, io, weights
 from hybrid_jax.train import state as state_lib
 
 DATA = pathlib.Path(__file__).parent / 'data' / 'hf'
@@ -44,7 +44,7 @@ def _tiny_config(**fields):
 
 def test_fixture_set_covers_every_class():
   classes = {json.loads((DATA / n / 'config.json').read_text())['model_type'] for n in FIXTURES}
-  assert classes == set(config_map.HF_CLASSES)
+  assert classes == set(config_map.IMPORT_TYPES)
   assert sum(f.stat().st_size for f in DATA.rglob('*') if f.is_file()) < 1_000_000
 
 
@@ -96,6 +96,59 @@ def test_imported_layer_patterns():
                                  'attention_scale')} == dict(embedding_multiplier=12.0, residual_multiplier=0.6,
                                                              logits_scaling=4.0, attention_scale=0.2)
   assert fields('hf_granite_swa_nope')['attention_scale'] == 0.0  # Its multiplier is head_dim**-0.5: the default.
+
+
+def test_minicpm_checkpoint_is_the_granite_model_with_minicpm_names():
+  """minicpm_from_granite is hf_granite_minicpm's tensors under a MiniCPM config.json (remote-code layout: Llama
+  names, scale_emb, scale_depth, dim_model_base). MiniCPM's block is GraniteSWA's with embedding multiplier
+  scale_emb, residual multiplier scale_depth / sqrt(num_layers), logits divided by hidden_size / dim_model_base
+  (MiniCPM divides the final hidden state instead: the same here, the factor 4 being a power of two), full attention
+  with RoPE, head_dim**-0.5 and no sinks; so its reference logits are the GraniteSWA's, which
+  test_logits_match_transformers checks it against."""
+  minicpm = config_map.plan_import(io.read_hf_config(DATA / 'minicpm_from_granite'))
+  granite = config_map.plan_import(io.read_hf_config(DATA / 'hf_granite_minicpm'))
+  assert minicpm.model_fields == granite.model_fields and minicpm.tied and granite.tied
+  assert (minicpm.model_fields['embedding_multiplier'], minicpm.model_fields['logits_scaling']) == (12.0, 4.0)
+  assert minicpm.model_fields['residual_multiplier'] == 1.4 / 2 ** 0.5
+  (_, ours, _), (_, theirs, _) = io.read_hf(DATA / 'minicpm_from_granite'), io.read_hf(DATA / 'hf_granite_minicpm')
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_tensor_name_table_reads_renamed_checkpoints(tmp_path, capsys):
+  """A checkpoint with other tensor names (as remote modeling code may save them) imports given its JSON table."""
+  table = {'top': {'embed': 'wte', 'final_norm.scale': 'ln_f', 'lm_head': 'head'},
+           'layer': {key: f'h.{{i}}.{key.replace(".", "_")}' for key in weights.TABLES['llama'].layer}}
+  source = tmp_path / 'renamed'
+  source.mkdir()
+  shutil.copy(DATA / 'hf_llama_tied' / 'config.json', source / 'config.json')
+  tensors = load_file(str(DATA / 'hf_llama_tied' / io.WEIGHTS_FILE))
+  renamed = {}
+  for key, name in weights.TABLES['llama'].top.items():
+    if name in tensors:
+      renamed[table['top'][key]] = tensors.pop(name)
+  for i in range(3):
+    for key, name in weights.TABLES['llama'].layer.items():
+      renamed[table['layer'][key].format(i=i)] = tensors.pop(name.format(i=i))
+  assert not tensors
+  save_file(renamed, str(source / io.WEIGHTS_FILE))
+  (tmp_path / 'table.json').write_text(json.dumps(table))
+  with pytest.raises(HFError, match="no tensor 'model.embed_tokens.weight'"):
+    io.read_hf(source)
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run'), '--tensor-names',
+                   str(tmp_path / 'table.json')]) == 0
+  capsys.readouterr()
+  run = runs.load_run(tmp_path / 'run')
+  _, direct, _ = io.read_hf(DATA / 'hf_llama_tied')
+  for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(direct)):
+    np.testing.assert_array_equal(a, b)
+  del table['layer']['mlp.up']
+  (tmp_path / 'bad.json').write_text(json.dumps(table))
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run2'), '--tensor-names',
+                   str(tmp_path / 'bad.json')]) == 2
+  assert "\"layer\" must map exactly" in capsys.readouterr().err and "missing ['mlp.up']" in str(
+      pytest.raises(HFError, weights.read_table, tmp_path / 'bad.json').value)
+  assert not (tmp_path / 'run2').exists()
 
 
 @pytest.mark.parametrize('name', EXPORTED)
@@ -208,6 +261,10 @@ def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, c
     ('hf_granite_swa_nope', dict(layer_rope_theta=[1e4, 1e4, 1e4, 0, 1e4]),
      r'full-attention layers mix RoPE and NoPE \(NoPE at layers \[3\]\)'),
     ('hf_smollm3_untied', dict(layer_types=['full_attention'] * 5), r'one entry per layer \(6\)'),
+    ('minicpm_from_granite', dict(scale_emb=None), r'scale_emb=None .*a finite number > 0'),
+    ('minicpm_from_granite', dict(use_mup=False), r"use_mup=False .*MiniCPM's scaled block"),
+    ('minicpm_from_granite', dict(sparse_config={'kernel_size': 32}), r'sparse_config=.*no sparse attention'),
+    ('minicpm_from_granite', dict(rope_scaling={'rope_type': 'longrope'}), r'rope_scaling=.*no scaling'),
 ])
 def test_import_refuses_unrepresentable_configs(name, change, match):
   hf = {**io.read_hf_config(DATA / name), **change}

@@ -1,7 +1,9 @@
 """`python -m hybrid_jax hf export|import`: a run out to a transformers checkpoint, or one in as a run.
 
   hf export --workdir RUN --out DIR [--step N] [--arch auto|llama|mistral|smollm3|granite_swa] [--dtype float32]
-  hf import PATH --workdir RUN [--dtype float32]   (--dtype: the imported run's compute dtype)
+  hf import PATH --workdir RUN [--dtype float32] [--tensor-names TABLE.json]
+    (--dtype: the imported run's compute dtype; --tensor-names: the checkpoint's tensor names, when they are not
+    its model_type's, e.g. remote modeling code; format in hybrid_jax.hf.weights.NameTable)
 
 Each prints one JSON summary line; a checkpoint or run that cannot be mapped exactly exits 2 with the reason.
 """
@@ -28,6 +30,9 @@ def _parser() -> command_line.ArgumentParser:
   imp.add_argument('--workdir', required=True, help='new run directory to create')
   imp.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
                    help="the run's compute dtype (model.dtype); weights are kept in float32")
+  imp.add_argument('--tensor-names', default=None,
+                   help='JSON tensor-name table {"top": {...}, "layer": {...}, "sinks": ...} (default: the table '
+                        "of the checkpoint's model_type)")
   return parser
 
 
@@ -38,7 +43,7 @@ def main(argv) -> int:
     if args.action == 'export':
       summary = io.export_run(args.workdir, args.out, step=args.step, arch=args.arch, dtype=args.dtype)
     else:
-      summary = io.import_hf(args.path, args.workdir, dtype=args.dtype)
+      summary = io.import_hf(args.path, args.workdir, dtype=args.dtype, table=args.tensor_names)
   except (HFError, RunError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -4,7 +4,8 @@ Both sides are reduced to one layer plan: per layer, its attention window (None 
 A hybrid_jax model has one window for all SWA layers, one RoPE setting per layer kind and one RoPE base; a
 transformers config that needs more than that (or any math this project's block lacks) is refused, naming the
 field, before a single weight is read. Granite's scalings (embedding, residual and logit multipliers, attention
-scale) map one to one onto the model options of the same meaning (`SCALING_FIELDS`).
+scale) map one to one onto the model options of the same meaning (`SCALING_FIELDS`); MiniCPM's (`scale_emb`,
+`scale_depth`, `dim_model_base`, read from checkpoints with remote modeling code) are converted (`MINICPM_FIELDS`).
 """
 
 import dataclasses
@@ -13,9 +14,11 @@ import math
 from hybrid_jax.hf import HFError
 from hybrid_jax.models import pattern
 
-# model_type -> transformers class. All four share Llama's tensor names (GraniteSWA adds per-head sinks).
+# model_type -> transformers class (import and export). Tensor names: weights.TABLES.
 HF_CLASSES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'smollm3': 'SmolLM3ForCausalLM',
               'granite_swa': 'GraniteSWAForCausalLM'}
+# Import only: MiniCPM (1/2/4) loads through remote modeling code; its block is Llama's with three scalings.
+IMPORT_TYPES = (*HF_CLASSES, 'minicpm')
 EXPORTABLE_KINDS = ('full', 'swa')
 _FULL, _SLIDING = 'full_attention', 'sliding_attention'
 # transformers' defaults for keys a config.json may omit (they change the function, so they are never guessed).
@@ -26,7 +29,10 @@ _DEFAULTS = {
     'granite_swa': dict(rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0, sliding_window=128,
                         embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
                         attention_multiplier=1.0),
+    'minicpm': dict(rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0),  # PretrainedConfig's tie.
 }
+# MiniCPM config fields with no default here: their remote-code defaults are not assumed.
+MINICPM_FIELDS = ('scale_emb', 'scale_depth', 'dim_model_base')
 # hybrid_jax model field -> GraniteSWA config field of the same meaning, and the plain block's value.
 SCALING_FIELDS = {'embedding_multiplier': ('embedding_multiplier', 1.0),
                   'residual_multiplier': ('residual_multiplier', 1.0), 'logits_scaling': ('logits_scaling', 1.0)}
@@ -45,7 +51,6 @@ class ImportPlan:
   model_type: str
   model_fields: dict
   tied: bool  # lm_head is the embedding (tie_word_embeddings): hybrid_jax's untied head gets a copy.
-  sinks: bool  # GraniteSWA: every layer holds `self_attn.sinks`, which must be -inf (hybrid_jax has no sinks).
 
 
 # ---------------------------------------------------------------------------------------------------- export
@@ -158,7 +163,7 @@ def _rope_theta(hf: dict) -> float | None:
 def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Layer], float | None]:
   """The layer plan a transformers config describes, and its single RoPE base."""
   n = hf['num_hidden_layers']
-  if model_type == 'llama':
+  if model_type in ('llama', 'minicpm'):
     return [Layer(None, True)] * n, theta
   if model_type == 'mistral':
     return [Layer(hf.get('sliding_window'), True)] * n, theta
@@ -195,6 +200,16 @@ def _positive(hf: dict, field: str) -> float:
 
 def _scaling_fields(hf: dict, model_type: str, head_dim: int) -> dict:
   """hybrid_jax's scaling options (model.embedding_multiplier, ...) from a config's multipliers."""
+  if model_type == 'minicpm':
+    if hf.get('use_mup', True) is not True:
+      _refuse('use_mup', hf['use_mup'], "only MiniCPM's scaled block (use_mup true or absent) is supported")
+    if hf.get('sparse_config'):
+      _refuse('sparse_config', hf['sparse_config'], 'attention is dense (no sparse attention)')
+    if hf.get('kv_channels') not in (None, head_dim):
+      _refuse('kv_channels', hf['kv_channels'], f'heads are hidden_size / num_attention_heads = {head_dim} wide')
+    emb, depth, base = (_positive(hf, field) for field in MINICPM_FIELDS)
+    return dict(embedding_multiplier=emb, residual_multiplier=depth / math.sqrt(hf['num_hidden_layers']),
+                logits_scaling=hf['hidden_size'] / base, attention_scale=0.0)  # Attention: head_dim**-0.5.
   if model_type != 'granite_swa':
     return {}
   fields = {field: _positive(hf, hf_field) for field, (hf_field, _) in SCALING_FIELDS.items()}
@@ -224,8 +239,8 @@ def _rope_flag(plan: list[Layer], is_kind, name: str) -> bool:
 def plan_import(hf: dict) -> ImportPlan:
   """Checks a transformers config.json against what hybrid_jax represents; returns the model fields."""
   model_type = hf.get('model_type')
-  if model_type not in HF_CLASSES:
-    _refuse('model_type', model_type, f'supported model types: {", ".join(HF_CLASSES)}')
+  if model_type not in IMPORT_TYPES:
+    _refuse('model_type', model_type, f'supported model types: {", ".join(IMPORT_TYPES)}')
   hf = {**_DEFAULTS[model_type], **hf}
   for field in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads'):
     if not isinstance(hf.get(field), int) or hf[field] <= 0:
@@ -258,4 +273,4 @@ def plan_import(hf: dict) -> ImportPlan:
     fields['rope_base'] = float(theta)
   if windows:
     fields['window'] = int(windows[0])
-  return ImportPlan(model_type, fields, bool(hf['tie_word_embeddings']), model_type == 'granite_swa')
+  return ImportPlan(model_type, fields, bool(hf['tie_word_embeddings']))

@@ -39,8 +39,7 @@ def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, 
   """Writes `out/config.json` and `out/model.safetensors` for hybrid_jax params; returns the config written."""
   hf_config = config_map.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
   hf_config['dtype'] = dtype
-  tensors = weights.to_hf_tensors(params, model_cfg, sinks=hf_config['model_type'] == 'granite_swa',
-                                  dtype=_np_dtype(dtype))
+  tensors = weights.to_hf_tensors(params, model_cfg, weights.TABLES[hf_config['model_type']], dtype=_np_dtype(dtype))
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   (out / 'config.json').write_text(json.dumps(hf_config, indent=2) + '\n')
@@ -98,8 +97,11 @@ class TensorReader:
       return f.get_tensor(name)
 
 
-def read_hf(path, model_overrides: dict | None = None):
-  """(hybrid_jax model config, params as numpy, import plan) of a transformers checkpoint directory."""
+def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable | None = None):
+  """(hybrid_jax model config, params as numpy, import plan) of a transformers checkpoint directory.
+
+  `table`: the checkpoint's tensor names (default: its model_type's entry in weights.TABLES).
+  """
   from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
   plan = config_map.plan_import(read_hf_config(path))
   config = load_config_file(str(BASE_CONFIG))
@@ -111,18 +113,24 @@ def read_hf(path, model_overrides: dict | None = None):
     raise HFError(f'{path}/config.json maps to an invalid hybrid_jax model: {e}') from e
   reader = TensorReader(path)
   abstract = runs.abstract_params(config.model)
-  params = weights.from_hf_tensors(reader, reader.names, abstract, config.model, tied=plan.tied, sinks=plan.sinks)
+  params = weights.from_hf_tensors(reader, reader.names, abstract, config.model,
+                                   table or weights.TABLES[plan.model_type], tied=plan.tied)
   return config, params, plan
 
 
-def import_hf(path, workdir, *, dtype: str = 'float32') -> dict:
-  """Writes a hybrid_jax run directory (config.json + params checkpoint at step 0) from a transformers checkpoint."""
+def import_hf(path, workdir, *, dtype: str = 'float32', table=None) -> dict:
+  """Writes a hybrid_jax run directory (config.json + params checkpoint at step 0) from a transformers checkpoint.
+
+  `table`: a JSON tensor-name table file (weights.read_table) for checkpoints whose names differ from their
+  model_type's table (remote modeling code).
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   path, workdir = pathlib.Path(path), pathlib.Path(workdir)
   if (workdir / 'config.json').exists() or (workdir / 'checkpoints').exists():
     raise HFError(f'{workdir} already holds a run; import into a new directory')
-  config, params, plan = read_hf(path, {'dtype': dtype})
+  names = weights.read_table(table) if table else None
+  config, params, plan = read_hf(path, {'dtype': dtype}, names)
   config.name = f'hf_{path.resolve().name}'
   workdir.mkdir(parents=True, exist_ok=True)
   if (path / SENTENCEPIECE_FILE).is_file():
