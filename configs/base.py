@@ -45,6 +45,9 @@ def get_config(arg=None):
   m.logits_scaling = 1.0  # Logits are divided by this (Granite; MiniCPM's hidden_size / dim_model_base).
   # Factor on q·k inside every attention softmax; 0 = head_dim**-0.5 (Granite's attention_multiplier).
   m.attention_scale = 0.0
+  # A learned logit per attention head in every softmax denominator, with value zero (GraniteSWA's and gpt-oss'
+  # sinks; 0 at init). These layers run the 'xla' attention path, which also returns the row log-sum-exp.
+  m.attention_sinks = False
   m.init_std = 0.02  # Normal init std of every matrix (output projections scaled by 1/sqrt(2 * num_layers)).
   m.dtype = 'bfloat16'  # Compute dtype of matmuls and activations; softmax statistics and losses stay float32.
   m.param_dtype = 'float32'  # Master weights.

@@ -243,6 +243,12 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _choice(c, 'model.param_dtype', DTYPES)
   _choice(c, 'model.remat', REMAT_POLICIES)
   _choice(c, 'model.attention_implementation', ATTENTION_IMPLEMENTATIONS)
+  if not isinstance(m.attention_sinks, bool):
+    _fail('model.attention_sinks', m.attention_sinks, 'must be True or False')
+  if m.attention_sinks and m.attention_implementation not in ('auto', 'xla'):
+    _fail('model.attention_implementation', m.attention_implementation,
+          "learned attention sinks (model.attention_sinks) need 'auto' or 'xla' (only the XLA path returns the "
+          'row log-sum-exp they scale by)')
 
   d = c.data
   _choice(c, 'data.source', SOURCES)

@@ -8,7 +8,8 @@ Needs Python 3.11 with torch and transformers >= 5.15 (GraniteSWA); the test sui
 
 `--build` first writes the transformers-side fixtures (tiny random models saved by `save_pretrained`: a tied Llama
 with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3, a
-GraniteSWA with every scaling away from its plain value, a full-attention GraniteSWA with MiniCPM's scalings).
+GraniteSWA with every scaling away from its plain value, a full-attention GraniteSWA with MiniCPM's scalings, a
+GraniteSWA with learned (finite) attention sinks).
 `--only` limits building and references to the named fixture directories.
 
 MiniCPM checkpoints load through remote modeling code, which transformers does not ship; its block is Llama's with
@@ -66,7 +67,14 @@ BUILT = {
         layer_rope_theta=[10000.0] * 2, attention_multiplier=8 ** -0.5, embedding_multiplier=12.0,
         residual_multiplier=1.4 / math.sqrt(2), logits_scaling=16 / 4,
         rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    # Learned sinks: finite per-head logits N(1, 1), one head left at -inf (no sink); window 4 < 16 tokens.
+    'hf_granite_swa_sinks': (transformers.GraniteSWAConfig, dict(
+        num_hidden_layers=3, tie_word_embeddings=True, sliding_window=4,
+        layer_types=['sliding_attention', 'full_attention', 'sliding_attention'],
+        layer_rope_theta=[10000.0, 0, 10000.0], attention_multiplier=8 ** -0.5,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
 }
+FINITE_SINKS = ('hf_granite_swa_sinks',)
 # derived fixture -> (its GraniteSWA source, the MiniCPM fields that give the source's multipliers)
 DERIVED = {'minicpm_from_granite': ('hf_granite_minicpm', dict(scale_emb=12.0, scale_depth=1.4, dim_model_base=4))}
 BATCH, LENGTH, NEW_TOKENS = 2, 16, 8
@@ -80,7 +88,11 @@ def build(root: pathlib.Path, only=None):
     model = transformers.AutoModelForCausalLM.from_config(config_class(**{**SMALL, **fields}))
     with torch.no_grad():
       for pname, p in model.named_parameters():
-        if pname.endswith('sinks'):
+        if pname.endswith('sinks') and name in FINITE_SINKS:
+          p.copy_(1 + torch.randn_like(p))
+          if pname.startswith('model.layers.1.'):
+            p[2] = -float('inf')
+        elif pname.endswith('sinks'):
           p.fill_(-float('inf'))
         elif pname.endswith('norm.weight') or 'layernorm' in pname:
           p.copy_(1 + 0.2 * torch.randn_like(p))

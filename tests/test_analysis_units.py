@@ -10,6 +10,7 @@ from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis.windowed import Restriction
 from hybrid_jax.train import state as state_lib
 from tests.conftest import small_config
+from tests.test_model import _random_sinks
 
 T = 64
 
@@ -21,7 +22,7 @@ def _tokens(t=T, batch=2, seed=0):
 def _model(arch='swa128_nope', **overrides):
   cfg = small_config(arch, **overrides).model
   model_def, params = state_lib.init_model(cfg, 0)
-  return cfg, model_def, params
+  return cfg, model_def, _random_sinks(params) if cfg.attention_sinks else params
 
 
 def _logits(model_def, params, tokens, restriction=None):
@@ -34,9 +35,11 @@ def _reference(model_def, params, tokens):
 
 
 SCALED = dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.0, attention_scale=0.3)
+VARIANTS = pytest.mark.parametrize('scalings', [{}, SCALED, dict(attention_sinks=True)],
+                                   ids=['plain', 'scaled', 'learned_sinks'])
 
 
-@pytest.mark.parametrize('scalings', [{}, SCALED], ids=['plain', 'scaled'])
+@VARIANTS
 def test_forward_is_the_model_and_wide_restrictions_change_nothing(scalings):
   _, model_def, params = _model(**scalings)  # Layers [SWA w=16, full], 64 tokens.
   tokens = _tokens()
@@ -83,9 +86,10 @@ def test_windowed_recurrent_state_matches_recomputation_from_scratch(kind):
     np.testing.assert_allclose(got[:, t], _reference(model_def, params, ids)[:, -1], atol=2e-5)
 
 
-@pytest.mark.parametrize('scalings', [{}, SCALED], ids=['plain', 'scaled'])
+@VARIANTS
 def test_attention_probabilities_weigh_the_values_into_the_layer_output(scalings):
-  """The returned attention rows, times the layer's values, give the kernel's attention output at those queries."""
+  """The returned attention rows, times the layer's values, give the kernel's attention output at those queries
+  (with learned sinks the rows sum to less than one: the sink takes its share)."""
   cfg, model_def, params = _model(**scalings, dtype='float32')  # Layer 0: SWA w=16; layer 1: full.
   tokens = _tokens()
   queries = jnp.asarray([[3, 40, 63], [0, 17, 50]], jnp.int32)

@@ -108,6 +108,15 @@ def test_bad_values_name_key_value_and_allowed(key, value, message):
     validate(c)
 
 
+def test_learned_sinks_need_the_xla_attention_path():
+  c = study_config()
+  c.model.attention_sinks = True
+  validate(c)  # 'auto'
+  c.model.attention_implementation = 'pallas_tpu'
+  with pytest.raises(ConfigError, match=r"attention_implementation='pallas_tpu' is invalid: learned attention sinks"):
+    validate(c)
+
+
 def test_files_and_tfds_sources_need_their_keys():
   c = study_config()
   c.data.source = 'files'

@@ -68,16 +68,17 @@ def layer_plan(model_cfg) -> list[Layer]:
   return plan
 
 
-def scalings(model_cfg) -> list[str]:
-  """The model's scaling options that differ from the plain block (only GraniteSWA expresses them)."""
+def granite_options(model_cfg) -> list[str]:
+  """The model's options that only GraniteSWA expresses: scalings off the plain block, learned sinks."""
   changed = [field for field, (_, plain) in SCALING_FIELDS.items() if float(model_cfg[field]) != plain]
-  return changed + (['attention_scale'] if model_cfg.attention_scale else [])
+  return (changed + (['attention_scale'] if model_cfg.attention_scale else [])
+          + (['attention_sinks'] if model_cfg.attention_sinks else []))
 
 
-def auto_arch(plan: list[Layer], scaled: bool = False) -> str:
+def auto_arch(plan: list[Layer], granite: bool = False) -> str:
   """The plainest class that holds the plan: Llama (full + RoPE), Mistral (SWA + RoPE everywhere), else SmolLM3;
-  GraniteSWA whenever the model has scalings (`scaled`)."""
-  if scaled:
+  GraniteSWA whenever the model has scalings or sinks (`granite`)."""
+  if granite:
     return 'granite_swa'
   if all(layer.rope for layer in plan):
     if all(layer.window is None for layer in plan):
@@ -92,8 +93,8 @@ def _check_expressible(arch: str, plan: list[Layer], scaled: list[str]):
     raise HFError(f'--arch={arch!r} is not a supported transformers architecture; choose auto or one of '
                   f'{", ".join(HF_CLASSES)}')
   if arch != 'granite_swa' and scaled:
-    raise HFError(f'--arch={arch} has no embedding/residual/logit multipliers or attention scale, but the model '
-                  f'sets model.{", model.".join(scaled)}; use granite_swa')
+    raise HFError(f'--arch={arch} has no embedding/residual/logit multipliers, attention scale or sinks, but the '
+                  f'model sets model.{", model.".join(scaled)}; use granite_swa')
   if arch in ('llama', 'mistral'):
     nope = [i for i, layer in enumerate(plan) if not layer.rope]
     if nope:
@@ -112,7 +113,7 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: i
   `eos_id`: the run tokenizer's end-of-document id (generation stops there); None when unknown.
   """
   plan = layer_plan(model_cfg)
-  scaled = scalings(model_cfg)
+  scaled = granite_options(model_cfg)
   arch = auto_arch(plan, bool(scaled)) if arch == 'auto' else arch
   _check_expressible(arch, plan, scaled)
   windows = {layer.window for layer in plan if layer.window is not None}

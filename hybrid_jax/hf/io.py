@@ -104,17 +104,19 @@ def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable 
   """
   from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
   plan = config_map.plan_import(read_hf_config(path))
+  table = table or weights.TABLES[plan.model_type]
+  reader = TensorReader(path)
+  # Finite sink tensors (GraniteSWA) make a model with learned sinks; all -inf, one without.
+  sinks = weights.finite_sinks(reader, reader.names, table, plan.model_fields['num_layers'])
   config = load_config_file(str(BASE_CONFIG))
-  config.model.update({**plan.model_fields, 'dtype': 'float32', 'param_dtype': 'float32',
+  config.model.update({**plan.model_fields, 'attention_sinks': sinks, 'dtype': 'float32', 'param_dtype': 'float32',
                        **(model_overrides or {})})
   try:
     validate(config)
   except ConfigError as e:
     raise HFError(f'{path}/config.json maps to an invalid hybrid_jax model: {e}') from e
-  reader = TensorReader(path)
   abstract = runs.abstract_params(config.model)
-  params = weights.from_hf_tensors(reader, reader.names, abstract, config.model,
-                                   table or weights.TABLES[plan.model_type], tied=plan.tied)
+  params = weights.from_hf_tensors(reader, reader.names, abstract, config.model, table, tied=plan.tied)
   return config, params, plan
 
 

@@ -121,13 +121,30 @@ def _get(tree, path):
   return tree
 
 
+SINKS_PATH = ('mixer', 'sinks')  # Learned sink logits [num_heads] of a layer (model.attention_sinks).
+
+
 def _entries(model_cfg, table: NameTable):
   """(our path, stack index, checkpoint name, transform) of every tensor, top-level first."""
+  learned_sinks = bool(model_cfg.attention_sinks)
+  if learned_sinks and not table.sinks:
+    raise HFError('the model has learned attention sinks (model.attention_sinks) but this architecture\'s '
+                  'tensor-name table has no sinks tensor')
   for path in TOP_PATHS:
     yield path, None, table.name(path), TRANSFORMS[path]
   for i, (block, index) in enumerate(layer_slots(model_cfg)):
     for path in LAYER_PATHS:
       yield block + path, index, table.name(path, i), TRANSFORMS[path]
+    if learned_sinks:
+      yield block + SINKS_PATH, index, table.sinks.format(i=i), SAME
+
+
+def finite_sinks(read: Callable[[str], np.ndarray], names, table: NameTable, num_layers: int) -> bool:
+  """Whether any sink tensor of the checkpoint is finite (then the model needs model.attention_sinks)."""
+  if not table.sinks:
+    return False
+  names = set(names)
+  return any(np.isfinite(read(n)).any() for n in (table.sinks.format(i=i) for i in range(num_layers)) if n in names)
 
 
 def to_hf_tensors(params, model_cfg, table: NameTable = LLAMA, *, dtype=np.float32) -> dict[str, np.ndarray]:
@@ -137,7 +154,7 @@ def to_hf_tensors(params, model_cfg, table: NameTable = LLAMA, *, dtype=np.float
     x = np.asarray(_get(params, path))
     x = x if index is None else x[index]
     tensors[name] = np.ascontiguousarray(transform.to_hf(x).astype(dtype))
-  if table.sinks:
+  if table.sinks and not model_cfg.attention_sinks:  # No learned sinks: -inf, i.e. none.
     for i in range(model_cfg.num_layers):
       tensors[table.sinks.format(i=i)] = np.full((model_cfg.num_heads,), -np.inf, dtype)
   return tensors
@@ -174,13 +191,13 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
       stacks.setdefault(path, [None] * target.shape[0])[index] = value
   for path, layers in stacks.items():
     _set(params, path, np.stack(layers))
-  if table.sinks:
+  if table.sinks and not model_cfg.attention_sinks:
     for i in range(model_cfg.num_layers):
       name = table.sinks.format(i=i)
       value = _read_checked(read, names, name, (model_cfg.num_heads,), np.float32)
       if not np.all(value == -np.inf):
-        raise HFError(f'{name} holds attention sinks {value.tolist()}: hybrid_jax attention has no sinks '
-                      '(only sinks of -inf, i.e. disabled, can be imported)')
+        raise HFError(f'{name} holds finite attention sinks {value.tolist()}, but the model is built without them; '
+                      'import with model.attention_sinks=True')
       used.add(name)
   unused = sorted(names - used)
   if unused:
