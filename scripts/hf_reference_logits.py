@@ -12,6 +12,11 @@ GraniteSWA with every scaling away from its plain value, a full-attention Granit
 GraniteSWA with learned (finite) attention sinks).
 `--only` limits building and references to the named fixture directories.
 
+`--compare DIR ...`: the re-load check of exports written by `scripts/hf_export_fixtures.py --run`: loads DIR in
+float32 (eager attention, and sdpa where the class has it), runs hybrid_jax's token rows, and prints the max
+|logit difference| (absolute and relative to max |logit|), whether the 8 greedy tokens per row agree, and whether
+AutoTokenizer on DIR encodes the sample text to hybrid_jax's ids.
+
 MiniCPM checkpoints load through remote modeling code, which transformers does not ship; its block is Llama's with
 embeddings times `scale_emb`, residual branches times `scale_depth / sqrt(num_layers)` and the final hidden state
 divided by `hidden_size / dim_model_base`, which is GraniteSWA with those three multipliers (logits divided instead
@@ -31,6 +36,7 @@ import shutil
 import sys
 
 import numpy as np
+import safetensors
 import safetensors.numpy
 import torch
 import transformers
@@ -160,8 +166,44 @@ def write_minicpm(source: pathlib.Path, target: pathlib.Path, scalings: dict):
   shutil.copyfile(source / 'reference.safetensors', target / 'reference.safetensors')
 
 
+def compare(path: pathlib.Path) -> dict:
+  ours = safetensors.numpy.load_file(str(path / 'hybrid_jax_reference.safetensors'))
+  with safetensors.safe_open(str(path / 'hybrid_jax_reference.safetensors'), framework='numpy') as f:
+    metadata = f.metadata()
+  ids = torch.from_numpy(ours['tokens'].astype(np.int64))
+  result = {'class': None, 'files': sorted(p.name for p in path.iterdir() if p.name != 'hybrid_jax_reference.safetensors')}
+  for impl in ('eager', 'sdpa'):
+    try:
+      model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=impl)
+    except ValueError:
+      continue
+    model.eval()
+    result['class'] = type(model).__name__
+    with torch.no_grad():
+      logits = model(ids).logits.numpy()
+      if impl == 'eager':
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=ours['greedy'].shape[1],
+                                   do_sample=False, pad_token_id=0)
+        result['greedy_equal'] = bool(np.array_equal(generated[:, ids.shape[1]:].numpy(), ours['greedy']))
+    gap = float(np.abs(logits - ours['logits']).max())
+    result[f'{impl}_max_abs_diff'] = gap
+    result[f'{impl}_rel_diff'] = gap / float(np.abs(ours['logits']).max())
+  result['max_abs_logit'] = float(np.abs(ours['logits']).max())
+  if 'text_ids' in ours:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    theirs = tokenizer(metadata['text'], add_special_tokens=False)['input_ids']
+    result['tokenizer_class'] = type(tokenizer).__name__
+    result['tokenizer_ids_equal'] = theirs == ours['text_ids'].tolist()
+    result['eos'] = [tokenizer.eos_token, tokenizer.eos_token_id]
+  return result
+
+
 def main(argv):
   roots = [pathlib.Path(a) for a in argv if not a.startswith('--')]
+  if '--compare' in argv:
+    for path in roots:
+      print(path.name, json.dumps(compare(path)))
+    return
   length = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--length=')), LENGTH)
   only = next((set(a.split('=', 1)[1].split(',')) for a in argv if a.startswith('--only=')), None)
   if '--build' in argv:

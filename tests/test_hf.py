@@ -347,6 +347,81 @@ def test_sharded_and_bfloat16_checkpoints_read(tmp_path):
     np.testing.assert_array_equal(a, np.asarray(b).astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
+def test_sharded_export_round_trips(tmp_path, capsys):
+  """--max-shard-size writes transformers' shard layout (files in tensor order, none over the limit unless one
+  tensor is, an index with the total size); import reads it back bit for bit; a later unsharded export replaces it."""
+  config, params, _ = io.read_hf(DATA / 'hf_granite_swa_sinks')
+  io.write_hf(tmp_path, config.model, params, max_positions=64, max_shard_bytes=io.parse_size('12KB'))
+  index = json.loads((tmp_path / io.INDEX_FILE).read_text())
+  files = sorted(set(index['weight_map'].values()))
+  assert len(files) > 2 and files[0] == 'model-00001-of-%05d.safetensors' % len(files)
+  assert not (tmp_path / io.WEIGHTS_FILE).exists()
+  total = 0
+  for file in files:
+    tensors = load_file(str(tmp_path / file))
+    size = sum(x.nbytes for x in tensors.values())
+    assert size <= 12_000 or len(tensors) == 1
+    assert all(index['weight_map'][n] == file for n in tensors)
+    total += size
+  assert index['metadata']['total_size'] == total
+  _, back, _ = io.read_hf(tmp_path)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+    np.testing.assert_array_equal(a, b)
+  io.write_hf(tmp_path, config.model, params, max_positions=64)
+  assert sorted(p.name for p in tmp_path.glob('*.safetensors')) == [io.WEIGHTS_FILE]
+  assert not (tmp_path / io.INDEX_FILE).exists()
+  with pytest.raises(HFError, match=r"--max-shard-size='5 parsecs' is invalid"):
+    io.parse_size('5 parsecs')
+  assert (io.parse_size('5GB'), io.parse_size('2MiB'), io.parse_size(1000)) == (5 * 10**9, 2 * 2**20, 1000)
+
+
+def _word_tokenizer(path):
+  """A small word-level tokenizer.json (the `tokenizers` library; EOS found by its usual name '</s>')."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  words = ['[UNK]', '<s>', '</s>'] + [f'w{i}' for i in range(20)]
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token='[UNK]'))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.add_special_tokens(['<s>', '</s>'])
+  tok.save(str(path))
+
+
+def test_hf_tokenizer_travels_both_ways(tmp_path, capsys):
+  """A checkpoint's tokenizer.json becomes the imported run's tokenizer; export writes it back with a
+  tokenizer_config.json naming its EOS and BOS, which a re-import reads."""
+  source = tmp_path / 'source'
+  shutil.copytree(DATA / 'jax_llama_gqa', source)
+  _word_tokenizer(source / io.HF_TOKENIZER_FILE)
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 0
+  run = runs.load_run(tmp_path / 'run')
+  assert run.config.data.tokenizer == str((tmp_path / 'run' / io.HF_TOKENIZER_FILE).absolute())
+  assert run.tokenizer.decode(run.tokenizer.encode('w3 w1 w17')) == 'w3 w1 w17' and run.tokenizer.eos_id == 2
+  assert cli.main(['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'out')]) == 0
+  assert json.loads(capsys.readouterr().out.splitlines()[-1])['tokenizer_files'] == [io.HF_TOKENIZER_FILE,
+                                                                                     io.HF_TOKENIZER_CONFIG]
+  out = tmp_path / 'out'
+  assert (out / io.HF_TOKENIZER_FILE).read_bytes() == (source / io.HF_TOKENIZER_FILE).read_bytes()
+  assert json.loads((out / io.HF_TOKENIZER_CONFIG).read_text()) == {
+      'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '</s>', 'bos_token': '<s>', 'model_max_length': 512}
+  assert json.loads((out / 'config.json').read_text())['eos_token_id'] == 2
+  assert not (out / io.SENTENCEPIECE_FILE).exists()
+  # The exported tokenizer_config.json names EOS for the next import (here a token without a usual name).
+  config = json.loads((out / io.HF_TOKENIZER_CONFIG).read_text())
+  (out / io.HF_TOKENIZER_CONFIG).write_text(json.dumps({**config, 'eos_token': 'w19'}))
+  assert cli.main(['import', str(out), '--workdir', str(tmp_path / 'again')]) == 0
+  assert runs.load_run(tmp_path / 'again').tokenizer.eos_id == 22
+  assert (tmp_path / 'again' / io.HF_TOKENIZER_CONFIG).is_file()
+  # A tokenizer with more ids than the model's vocabulary is refused before the run directory exists.
+  big = tmp_path / 'big'
+  shutil.copytree(DATA / 'hf_llama_tied', big)  # vocab_size 64
+  from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
+  tok = Tokenizer(models.WordLevel({**{f'w{i}': i for i in range(80)}, '</s>': 80}, unk_token='w0'))
+  tok.add_special_tokens(['</s>'])
+  tok.save(str(big / io.HF_TOKENIZER_FILE))
+  assert cli.main(['import', str(big), '--workdir', str(tmp_path / 'no')]) == 2
+  assert 'has 81 ids but config.json vocab_size=64' in capsys.readouterr().err
+  assert not (tmp_path / 'no').exists()
+
+
 def test_sentencepiece_tokenizer_travels_both_ways(tmp_path, capsys):
   """A checkpoint's tokenizer.model becomes the imported run's tokenizer, and export copies it back with its EOS."""
   import sentencepiece as spm
