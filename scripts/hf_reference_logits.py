@@ -69,7 +69,8 @@ BUILT = {
     # MiniCPM's scalings as GraniteSWA multipliers (scale_emb 12, scale_depth 1.4, dim_model_base 4), tied; heads
     # hidden_size / num_attention_heads wide, as MiniCPM's are.
     'hf_granite_minicpm': (transformers.GraniteSWAConfig, dict(
-        num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2, tie_word_embeddings=True, layer_types=['full_attention'] * 2,
+        num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2, tie_word_embeddings=True,
+        layer_types=['full_attention'] * 2,
         layer_rope_theta=[10000.0] * 2, attention_multiplier=8 ** -0.5, embedding_multiplier=12.0,
         residual_multiplier=1.4 / math.sqrt(2), logits_scaling=16 / 4,
         rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
@@ -171,7 +172,8 @@ def compare(path: pathlib.Path) -> dict:
   with safetensors.safe_open(str(path / 'hybrid_jax_reference.safetensors'), framework='numpy') as f:
     metadata = f.metadata()
   ids = torch.from_numpy(ours['tokens'].astype(np.int64))
-  result = {'class': None, 'files': sorted(p.name for p in path.iterdir() if p.name != 'hybrid_jax_reference.safetensors')}
+  files = sorted(p.name for p in path.iterdir() if p.name != 'hybrid_jax_reference.safetensors')
+  result = {'class': None, 'files': files}
   for impl in ('eager', 'sdpa'):
     try:
       model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=impl)

@@ -147,9 +147,10 @@ def test_xla_bf16(t, window, sinks, segments):
 
 
 LSE_CASES = [CASES[0], (300, 24, 32, 4, 2, 16, 3, True), CASES[12]]  # GQA 4:2, sinks, segments, full causal
+LSE_IDS = ['T{}-w{}-C{}-H{}:{}-D{}-sinks{}-seg{:d}'.format(*case) for case in LSE_CASES]
 
 
-@pytest.mark.parametrize('case', LSE_CASES, ids=['T{}-w{}-C{}-H{}:{}-D{}-sinks{}-seg{:d}'.format(*c) for c in LSE_CASES])
+@pytest.mark.parametrize('case', LSE_CASES, ids=LSE_IDS)
 def test_xla_row_log_sum_exp(case):
   """return_lse: each row's log-sum-exp over its visible keys of the scaled logits (what learned sinks scale by)."""
   t, window, block, hq, hkv, d, sinks, segments = case
