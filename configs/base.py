@@ -36,6 +36,18 @@ def get_config(arg=None):
   m.rope_base = 10000.0  # RoPE theta.
   m.headwise_full_kv_heads = 1  # 'headwise' layers: KV groups (with their query heads) that attend fully.
   m.norm_eps = 1e-5  # RMSNorm epsilon.
+  # Scalings of the plain pre-norm block, for checkpoints trained with them (`hf import` sets them for Granite and
+  # MiniCPM; the study's models keep the defaults, which leave the computation untouched).
+  m.embedding_multiplier = 1.0  # Input embeddings are multiplied by this (Granite; MiniCPM's scale_emb).
+  # Each mixer and MLP output is multiplied by this before it joins the residual stream (Granite; MiniCPM's
+  # scale_depth / sqrt(num_layers)).
+  m.residual_multiplier = 1.0
+  m.logits_scaling = 1.0  # Logits are divided by this (Granite; MiniCPM's hidden_size / dim_model_base).
+  # Factor on q·k inside every attention softmax; 0 = head_dim**-0.5 (Granite's attention_multiplier).
+  m.attention_scale = 0.0
+  # A learned logit per attention head in every softmax denominator, with value zero (GraniteSWA's and gpt-oss'
+  # sinks; 0 at init). These layers run the 'xla' attention path, which also returns the row log-sum-exp.
+  m.attention_sinks = False
   m.init_std = 0.02  # Normal init std of every matrix (output projections scaled by 1/sqrt(2 * num_layers)).
   m.dtype = 'bfloat16'  # Compute dtype of matmuls and activations; softmax statistics and losses stay float32.
   m.param_dtype = 'float32'  # Master weights.

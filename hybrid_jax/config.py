@@ -7,6 +7,7 @@ instead of after a compile.
 import ast
 import difflib
 import importlib.util
+import math
 import pathlib
 import re
 import shlex
@@ -233,10 +234,21 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
   if m.rope_base <= 1:
     _fail('model.rope_base', m.rope_base, 'must be > 1')
+  for key in ('model.embedding_multiplier', 'model.residual_multiplier', 'model.logits_scaling'):
+    if not _nonneg_number(c, key) or not math.isfinite(_get(c, key)):
+      _fail(key, _get(c, key), 'must be a finite number > 0 (1 = the plain block)')
+  if not math.isfinite(_nonneg_number(c, 'model.attention_scale')):
+    _fail('model.attention_scale', m.attention_scale, 'must be a finite number >= 0 (0 = head_dim**-0.5)')
   _choice(c, 'model.dtype', DTYPES)
   _choice(c, 'model.param_dtype', DTYPES)
   _choice(c, 'model.remat', REMAT_POLICIES)
   _choice(c, 'model.attention_implementation', ATTENTION_IMPLEMENTATIONS)
+  if not isinstance(m.attention_sinks, bool):
+    _fail('model.attention_sinks', m.attention_sinks, 'must be True or False')
+  if m.attention_sinks and m.attention_implementation not in ('auto', 'xla'):
+    _fail('model.attention_implementation', m.attention_implementation,
+          "learned attention sinks (model.attention_sinks) need 'auto' or 'xla' (only the XLA path returns the "
+          'row log-sum-exp they scale by)')
 
   d = c.data
   _choice(c, 'data.source', SOURCES)

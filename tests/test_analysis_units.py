@@ -10,6 +10,7 @@ from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis.windowed import Restriction
 from hybrid_jax.train import state as state_lib
 from tests.conftest import small_config
+from tests.test_model import _random_sinks
 
 T = 64
 
@@ -21,7 +22,7 @@ def _tokens(t=T, batch=2, seed=0):
 def _model(arch='swa128_nope', **overrides):
   cfg = small_config(arch, **overrides).model
   model_def, params = state_lib.init_model(cfg, 0)
-  return cfg, model_def, params
+  return cfg, model_def, _random_sinks(params) if cfg.attention_sinks else params
 
 
 def _logits(model_def, params, tokens, restriction=None):
@@ -33,8 +34,14 @@ def _reference(model_def, params, tokens):
   return np.asarray(jax.jit(lambda p, t: model_def.bind(p)(t))(params, tokens))
 
 
-def test_forward_is_the_model_and_wide_restrictions_change_nothing():
-  _, model_def, params = _model()  # Layers [SWA w=16, full], 64 tokens.
+SCALED = dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.0, attention_scale=0.3)
+VARIANTS = pytest.mark.parametrize('scalings', [{}, SCALED, dict(attention_sinks=True)],
+                                   ids=['plain', 'scaled', 'learned_sinks'])
+
+
+@VARIANTS
+def test_forward_is_the_model_and_wide_restrictions_change_nothing(scalings):
+  _, model_def, params = _model(**scalings)  # Layers [SWA w=16, full], 64 tokens.
   tokens = _tokens()
   ref = _reference(model_def, params, tokens)
   np.testing.assert_array_equal(_logits(model_def, params, tokens), ref)
@@ -79,6 +86,27 @@ def test_windowed_recurrent_state_matches_recomputation_from_scratch(kind):
     np.testing.assert_allclose(got[:, t], _reference(model_def, params, ids)[:, -1], atol=2e-5)
 
 
+@VARIANTS
+def test_attention_probabilities_weigh_the_values_into_the_layer_output(scalings):
+  """The returned attention rows, times the layer's values, give the kernel's attention output at those queries
+  (with learned sinks the rows sum to less than one: the sink takes its share)."""
+  cfg, model_def, params = _model(**scalings, dtype='float32')  # Layer 0: SWA w=16; layer 1: full.
+  tokens = _tokens()
+  queries = jnp.asarray([[3, 40, 63], [0, 17, 50]], jnp.int32)
+
+  def run(p):
+    model = model_def.bind(p)
+    out = forward_lib.forward(model, tokens, attention_queries=queries)
+    block = forward_lib.blocks(model)[0]
+    h = block.mixer_norm(forward_lib.embed(model, tokens).astype(model.dtype))
+    q, k, v = block.mixer._qkv(h, jnp.arange(T))  # pylint: disable=protected-access
+    return out['attention'][0], v, block.mixer._attend(q, k, v)  # pylint: disable=protected-access
+
+  probs, v, o = map(np.asarray, jax.jit(run)(params))
+  values = np.repeat(v, cfg.num_heads // cfg.num_kv_heads, axis=2)  # [B, T, Hq, D]
+  weighted = np.einsum('bhnt,bthd->bnhd', probs, values)
+  expected = np.take_along_axis(o, np.asarray(queries)[:, :, None, None], axis=1)
+  np.testing.assert_allclose(weighted, expected, atol=1e-5)
 
 
 def test_longppl_under_restriction_matches_a_direct_computation(tiny_run, tmp_path):

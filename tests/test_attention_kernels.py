@@ -146,6 +146,31 @@ def test_xla_bf16(t, window, sinks, segments):
   check_grads(got, f64_grads(q, k, v, do, **kw), 1e-2)
 
 
+LSE_CASES = [CASES[0], (300, 24, 32, 4, 2, 16, 3, True), CASES[12]]  # GQA 4:2, sinks, segments, full causal
+LSE_IDS = ['T{}-w{}-C{}-H{}:{}-D{}-sinks{}-seg{:d}'.format(*case) for case in LSE_CASES]
+
+
+@pytest.mark.parametrize('case', LSE_CASES, ids=LSE_IDS)
+def test_xla_row_log_sum_exp(case):
+  """return_lse: each row's log-sum-exp over its visible keys of the scaled logits (what learned sinks scale by)."""
+  t, window, block, hq, hkv, d, sinks, segments = case
+  q, k, v, _, seg = make(t, 2 if segments else 1, t, hq, hkv, d, segments=segments)
+  o, lse = call(xla.attention, q, k, v, window=window, sinks=sinks, segment_ids=seg, block_size=block, scale=0.3,
+                return_lse=True)
+  assert lse.shape == q.shape[:3] and lse.dtype == jnp.float32
+  assert rel(o, oracle(q, k, v, window=window, sinks=sinks, segment_ids=seg, scale=0.3)) <= 1e-5
+  i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+  allowed = (j <= i) & (True if window is None else (j > i - window) | (j < sinks))
+  want = np.zeros(lse.shape)
+  for bi in range(q.shape[0]):
+    mask = allowed if seg is None else allowed & (np.asarray(seg[bi])[:, None] == np.asarray(seg[bi])[None, :])
+    for h in range(hq):
+      s = np.where(mask, 0.3 * np.asarray(q[bi, :, h], np.float64) @ np.asarray(k[bi, :, h // (hq // hkv)]).T,
+                   -np.inf)
+      want[bi, :, h] = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
+  assert np.abs(np.asarray(lse) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
 def test_block_sizes_agree():
   q, k, v, _, seg = make(3, 2, 300, 4, 2, 16, segments=True)
   outs = [call(xla.attention, q, k, v, window=40, sinks=2, segment_ids=seg, block_size=c) for c in (16, 32, 64)]

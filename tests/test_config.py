@@ -96,12 +96,24 @@ def test_missing_config_file():
     ('eval.position_buckets', 1000, r'must be <= data.seq_len=512'),
     ('eval.documents', 1, r'config.eval.documents=1 is invalid: must be 0 \(off\) or an integer >= 2'),
     ('train.loss_chunk', -1, r'config.train.loss_chunk=-1 is invalid: must be an integer >= 0'),
+    ('model.residual_multiplier', 0.0, r'config.model.residual_multiplier=0.0 is invalid: must be a finite number > 0'),
+    ('model.logits_scaling', float('inf'), r'config.model.logits_scaling=inf is invalid'),
+    ('model.attention_scale', -0.1, r'config.model.attention_scale=-0.1 is invalid: must be a number >= 0'),
 ])
 def test_bad_values_name_key_value_and_allowed(key, value, message):
   c = study_config()
   section, name = key.split('.')
   c[section][name] = value
   with pytest.raises(ConfigError, match=message):
+    validate(c)
+
+
+def test_learned_sinks_need_the_xla_attention_path():
+  c = study_config()
+  c.model.attention_sinks = True
+  validate(c)  # 'auto'
+  c.model.attention_implementation = 'pallas_tpu'
+  with pytest.raises(ConfigError, match=r"attention_implementation='pallas_tpu' is invalid: learned attention sinks"):
     validate(c)
 
 

@@ -40,6 +40,27 @@ def test_prefill_plus_steps_equal_one_forward_pass(arch, scan):
   np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
 
 
+def test_decode_with_learned_sinks_equals_the_forward_pass():
+  """Head-wise layers (SWA and full heads, each with its own sink) in a scanned stack (3 cycles): caches and sinks
+  per head."""
+  from tests.test_model import _random_sinks  # pylint: disable=g-import-not-at-top
+  cfg = small_config('swa128_headwise', window=5, num_layers=3, scan_layers=True, attention_sinks=True).model
+  model_def, params = state_lib.init_model(cfg, 0)
+  params = _random_sinks(params)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 19)))
+  expected = _forward(model_def, params, tokens)
+  got = _decode_logits(model_def, params, tokens, prompt_len=7)
+  np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
+  plain = _forward(state_lib.make_model_def(small_config('swa128_headwise', window=5, num_layers=3,
+                                                         scan_layers=True).model),
+                   _without_sinks(params), tokens)
+  assert np.abs(np.asarray(plain) - np.asarray(expected)).max() > 1e-3
+
+
+def _without_sinks(tree):
+  return {k: _without_sinks(v) for k, v in tree.items() if k != 'sinks'} if isinstance(tree, dict) else tree
+
+
 def test_sliding_window_decode_state_is_a_ring_of_w_entries():
   cfg = small_config('swa128', window=5).model
   model_def, params = state_lib.init_model(cfg, 0)

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from hybrid_jax import cli as hybrid_jax_cli, runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
-from hybrid_jax.hf import HFError, cli, config_map, io
+from hybrid_jax.hf import HFError, cli, config_map, io, weights
 from hybrid_jax.train import state as state_lib
 
 DATA = pathlib.Path(__file__).parent / 'data' / 'hf'
@@ -44,7 +44,7 @@ def _tiny_config(**fields):
 
 def test_fixture_set_covers_every_class():
   classes = {json.loads((DATA / n / 'config.json').read_text())['model_type'] for n in FIXTURES}
-  assert classes == set(config_map.HF_CLASSES)
+  assert classes == set(config_map.IMPORT_TYPES)
   assert sum(f.stat().st_size for f in DATA.rglob('*') if f.is_file()) < 1_000_000
 
 
@@ -57,9 +57,13 @@ def test_logits_match_transformers(name):
   assert _rel_err(ours, ref['logits']) <= REL_TOL
 
 
-# Windows shorter than the prompt, NoPE and an irregular pattern in the default suite; the rest under -m slow.
-@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in ('hf_granite_swa_nope', 'jax_mistral_swa')
-                                               else [pytest.mark.slow]) for n in FIXTURES])
+# Windows shorter than the prompt, NoPE, an irregular pattern and the scalings in the default suite; the rest under
+# -m slow.
+DEFAULT_GREEDY = ('hf_granite_swa_nope', 'jax_mistral_swa', 'hf_granite_swa_scaled', 'hf_granite_swa_sinks')
+
+
+@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in DEFAULT_GREEDY else [pytest.mark.slow])
+                                  for n in FIXTURES])
 def test_greedy_tokens_match_transformers(name):
   """The decode path (KV caches, SWA rings) continues greedily exactly as transformers' generate did."""
   config, params, _ = io.read_hf(DATA / name)
@@ -87,6 +91,64 @@ def test_imported_layer_patterns():
   assert (derived['cycle'], derived['rope_full'], derived['rope_swa']) == (('full', 'full', 'swa'), True, False)
   assert fields('hf_llama_tied')['cycle'] == ('full',)
   assert fields('jax_mistral_swa')['cycle'] == ('swa',)
+  scaled = fields('hf_granite_swa_scaled')  # Granite's multipliers become the model options of the same meaning.
+  assert {k: scaled[k] for k in ('embedding_multiplier', 'residual_multiplier', 'logits_scaling',
+                                 'attention_scale')} == dict(embedding_multiplier=12.0, residual_multiplier=0.6,
+                                                             logits_scaling=4.0, attention_scale=0.2)
+  assert fields('hf_granite_swa_nope')['attention_scale'] == 0.0  # Its multiplier is head_dim**-0.5: the default.
+
+
+def test_minicpm_checkpoint_is_the_granite_model_with_minicpm_names():
+  """minicpm_from_granite is hf_granite_minicpm's tensors under a MiniCPM config.json (remote-code layout: Llama
+  names, scale_emb, scale_depth, dim_model_base). MiniCPM's block is GraniteSWA's with embedding multiplier
+  scale_emb, residual multiplier scale_depth / sqrt(num_layers), logits divided by hidden_size / dim_model_base
+  (MiniCPM divides the final hidden state instead: the same here, the factor 4 being a power of two), full attention
+  with RoPE, head_dim**-0.5 and no sinks; so its reference logits are the GraniteSWA's, which
+  test_logits_match_transformers checks it against."""
+  minicpm = config_map.plan_import(io.read_hf_config(DATA / 'minicpm_from_granite'))
+  granite = config_map.plan_import(io.read_hf_config(DATA / 'hf_granite_minicpm'))
+  assert minicpm.model_fields == granite.model_fields and minicpm.tied and granite.tied
+  assert (minicpm.model_fields['embedding_multiplier'], minicpm.model_fields['logits_scaling']) == (12.0, 4.0)
+  assert minicpm.model_fields['residual_multiplier'] == 1.4 / 2 ** 0.5
+  (_, ours, _), (_, theirs, _) = io.read_hf(DATA / 'minicpm_from_granite'), io.read_hf(DATA / 'hf_granite_minicpm')
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_tensor_name_table_reads_renamed_checkpoints(tmp_path, capsys):
+  """A checkpoint with other tensor names (as remote modeling code may save them) imports given its JSON table."""
+  table = {'top': {'embed': 'wte', 'final_norm.scale': 'ln_f', 'lm_head': 'head'},
+           'layer': {key: f'h.{{i}}.{key.replace(".", "_")}' for key in weights.TABLES['llama'].layer}}
+  source = tmp_path / 'renamed'
+  source.mkdir()
+  shutil.copy(DATA / 'hf_llama_tied' / 'config.json', source / 'config.json')
+  tensors = load_file(str(DATA / 'hf_llama_tied' / io.WEIGHTS_FILE))
+  renamed = {}
+  for key, name in weights.TABLES['llama'].top.items():
+    if name in tensors:
+      renamed[table['top'][key]] = tensors.pop(name)
+  for i in range(3):
+    for key, name in weights.TABLES['llama'].layer.items():
+      renamed[table['layer'][key].format(i=i)] = tensors.pop(name.format(i=i))
+  assert not tensors
+  save_file(renamed, str(source / io.WEIGHTS_FILE))
+  (tmp_path / 'table.json').write_text(json.dumps(table))
+  with pytest.raises(HFError, match="no tensor 'model.embed_tokens.weight'"):
+    io.read_hf(source)
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run'), '--tensor-names',
+                   str(tmp_path / 'table.json')]) == 0
+  capsys.readouterr()
+  run = runs.load_run(tmp_path / 'run')
+  _, direct, _ = io.read_hf(DATA / 'hf_llama_tied')
+  for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(direct)):
+    np.testing.assert_array_equal(a, b)
+  del table['layer']['mlp.up']
+  (tmp_path / 'bad.json').write_text(json.dumps(table))
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run2'), '--tensor-names',
+                   str(tmp_path / 'bad.json')]) == 2
+  assert "\"layer\" must map exactly" in capsys.readouterr().err and "missing ['mlp.up']" in str(
+      pytest.raises(HFError, weights.read_table, tmp_path / 'bad.json').value)
+  assert not (tmp_path / 'run2').exists()
 
 
 @pytest.mark.parametrize('name', EXPORTED)
@@ -101,15 +163,50 @@ def test_export_of_imported_fixture_is_identical(name, tmp_path):
     np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
 
 
-def test_round_trip_of_a_scanned_model(tmp_path):
+def test_learned_sinks_import_as_model_sinks_and_round_trip(tmp_path):
+  """Finite GraniteSWA sinks become model.attention_sinks with the same values (-inf heads included); export writes
+  them back bit for bit; all -inf sinks import as a model without sinks."""
+  config, params, _ = io.read_hf(DATA / 'hf_granite_swa_sinks')
+  assert config.model.attention_sinks and config.model.attention_implementation == 'auto'
+  source = load_file(str(DATA / 'hf_granite_swa_sinks' / io.WEIGHTS_FILE))
+  np.testing.assert_array_equal(params['tail'][1]['mixer']['sinks'], source['model.layers.1.self_attn.sinks'])
+  assert io.read_hf(DATA / 'hf_granite_swa_nope')[0].model.attention_sinks is False
+  hf = io.write_hf(tmp_path, config.model, params, max_positions=64)
+  assert hf['model_type'] == 'granite_swa'
+  out = load_file(str(tmp_path / io.WEIGHTS_FILE))
+  for i in range(3):
+    name = f'model.layers.{i}.self_attn.sinks'
+    np.testing.assert_array_equal(out[name], source[name])
+  with pytest.raises(HFError, match=r'--arch=smollm3 has no .* sinks, but the model sets model.attention_sinks'):
+    io.write_hf(tmp_path / 'smol', config.model, params, arch='smollm3', max_positions=64)
+
+
+def test_scalings_export_as_granite_and_round_trip(tmp_path):
+  """The scaled fixture re-exports (auto) as GraniteSWA with its four factors, and that re-imports identically."""
+  config, params, _ = io.read_hf(DATA / 'hf_granite_swa_scaled')
+  hf = io.write_hf(tmp_path, config.model, params, max_positions=64)
+  source = io.read_hf_config(DATA / 'hf_granite_swa_scaled')
+  for field in ('model_type', 'embedding_multiplier', 'residual_multiplier', 'logits_scaling',
+                'attention_multiplier', 'layer_types', 'layer_rope_theta', 'sliding_window'):
+    assert hf[field] == source[field], field
+  back_config, back, _ = io.read_hf(tmp_path)
+  assert back_config.model.to_dict() == config.model.to_dict()
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('sinks, model_type', [(False, 'smollm3'), (True, 'granite_swa')])
+def test_round_trip_of_a_scanned_model(tmp_path, sinks, model_type):
   """A scanned model (2 stacked cycles + 1 tail layer) exports and re-imports to identical params and logits."""
-  config = _tiny_config(num_layers=5, cycle=('swa', 'full'), window=3, rope_full=False, scan_layers=True)
+  config = _tiny_config(num_layers=5, cycle=('swa', 'full'), window=3, rope_full=False, scan_layers=True,
+                        attention_sinks=sinks)
   shapes = jax.eval_shape(lambda: state_lib.init_params(config.model, 0))
   rng = np.random.default_rng(7)
   params = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32) * 0.3, shapes)
   io.write_hf(tmp_path, config.model, params, max_positions=32)
-  assert json.loads((tmp_path / 'config.json').read_text())['model_type'] == 'smollm3'
+  assert json.loads((tmp_path / 'config.json').read_text())['model_type'] == model_type
   back_config, back, _ = io.read_hf(tmp_path, {'scan_layers': True})
+  assert back_config.model.attention_sinks is sinks
   assert back_config.model.cycle == ('swa', 'full') and back_config.model.window == 3
   assert jax.tree.structure(back) == jax.tree.structure(params)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
@@ -154,6 +251,9 @@ def test_cli_import_run_then_export(tmp_path, capsys):
     (dict(cycle=('swa', 'full'), window=4), 'mistral', r'--arch=mistral gives every layer the same window'),
     (dict(cycle=('full',), rope_full=False), 'llama', r'layers \[0, 1, 2\] are NoPE'),
     (dict(cycle=('full',)), 'gpt2', r"--arch='gpt2' is not a supported"),
+    (dict(cycle=('full',), logits_scaling=2.0, attention_scale=0.1), 'llama',
+     r'--arch=llama has no .* attention scale or sinks, but the model sets model.logits_scaling, '
+     r'model.attention_scale; use granite_swa'),
 ])
 def test_export_refuses_what_no_class_expresses(fields, arch, match):
   config = _tiny_config(**fields)
@@ -176,12 +276,16 @@ def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, c
     ('hf_llama_tied', dict(hidden_act='gelu'), r"hidden_act='gelu'"),
     ('hf_llama_tied', dict(rope_parameters={'rope_type': 'yarn', 'rope_theta': 1e4, 'factor': 4.0}),
      r"rope_type='yarn'"),
-    ('hf_granite_swa_nope', dict(residual_multiplier=0.22), r'residual_multiplier=0.22'),
-    ('hf_granite_swa_nope', dict(attention_multiplier=1.0), r'attention_multiplier=1.0 .*head_dim\*\*-0.5'),
+    ('hf_granite_swa_scaled', dict(residual_multiplier=0), r'residual_multiplier=0 .*a finite number > 0'),
+    ('hf_granite_swa_scaled', dict(attention_multiplier=-0.2), r'attention_multiplier=-0.2 .*a finite number > 0'),
     ('hf_granite_swa_nope', dict(layer_rope_theta=[0, 1e4, 5e5, 0, 1e4]), r'one RoPE base'),
     ('hf_granite_swa_nope', dict(layer_rope_theta=[1e4, 1e4, 1e4, 0, 1e4]),
      r'full-attention layers mix RoPE and NoPE \(NoPE at layers \[3\]\)'),
     ('hf_smollm3_untied', dict(layer_types=['full_attention'] * 5), r'one entry per layer \(6\)'),
+    ('minicpm_from_granite', dict(scale_emb=None), r'scale_emb=None .*a finite number > 0'),
+    ('minicpm_from_granite', dict(use_mup=False), r"use_mup=False .*MiniCPM's scaled block"),
+    ('minicpm_from_granite', dict(sparse_config={'kernel_size': 32}), r'sparse_config=.*no sparse attention'),
+    ('minicpm_from_granite', dict(rope_scaling={'rope_type': 'longrope'}), r'rope_scaling=.*no scaling'),
 ])
 def test_import_refuses_unrepresentable_configs(name, change, match):
   hf = {**io.read_hf_config(DATA / name), **change}
@@ -210,8 +314,6 @@ def _edited_copy(tmp_path, name, edit):
 
 
 @pytest.mark.parametrize('name, edit, match', [
-    ('hf_granite_swa_nope', lambda t: t['model.layers.2.self_attn.sinks'].__setitem__(1, 0.5),
-     r'model.layers.2.self_attn.sinks holds attention sinks .*no sinks'),
     ('hf_llama_tied', lambda t: t.__setitem__('model.layers.1.mlp.up_proj.weight', np.zeros((8, 16), np.float32)),
      r"'model.layers.1.mlp.up_proj.weight' has shape \(8, 16\), but config.json implies \(32, 16\)"),
     ('hf_llama_tied', lambda t: t.pop('model.layers.2.self_attn.o_proj.weight'),
@@ -243,6 +345,81 @@ def test_sharded_and_bfloat16_checkpoints_read(tmp_path):
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(direct)):
     assert a.dtype == np.float32
     np.testing.assert_array_equal(a, np.asarray(b).astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_sharded_export_round_trips(tmp_path, capsys):
+  """--max-shard-size writes transformers' shard layout (files in tensor order, none over the limit unless one
+  tensor is, an index with the total size); import reads it back bit for bit; a later unsharded export replaces it."""
+  config, params, _ = io.read_hf(DATA / 'hf_granite_swa_sinks')
+  io.write_hf(tmp_path, config.model, params, max_positions=64, max_shard_bytes=io.parse_size('12KB'))
+  index = json.loads((tmp_path / io.INDEX_FILE).read_text())
+  files = sorted(set(index['weight_map'].values()))
+  assert len(files) > 2 and files[0] == 'model-00001-of-%05d.safetensors' % len(files)
+  assert not (tmp_path / io.WEIGHTS_FILE).exists()
+  total = 0
+  for file in files:
+    tensors = load_file(str(tmp_path / file))
+    size = sum(x.nbytes for x in tensors.values())
+    assert size <= 12_000 or len(tensors) == 1
+    assert all(index['weight_map'][n] == file for n in tensors)
+    total += size
+  assert index['metadata']['total_size'] == total
+  _, back, _ = io.read_hf(tmp_path)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+    np.testing.assert_array_equal(a, b)
+  io.write_hf(tmp_path, config.model, params, max_positions=64)
+  assert sorted(p.name for p in tmp_path.glob('*.safetensors')) == [io.WEIGHTS_FILE]
+  assert not (tmp_path / io.INDEX_FILE).exists()
+  with pytest.raises(HFError, match=r"--max-shard-size='5 parsecs' is invalid"):
+    io.parse_size('5 parsecs')
+  assert (io.parse_size('5GB'), io.parse_size('2MiB'), io.parse_size(1000)) == (5 * 10**9, 2 * 2**20, 1000)
+
+
+def _word_tokenizer(path):
+  """A small word-level tokenizer.json (the `tokenizers` library; EOS found by its usual name '</s>')."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  words = ['[UNK]', '<s>', '</s>'] + [f'w{i}' for i in range(20)]
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token='[UNK]'))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.add_special_tokens(['<s>', '</s>'])
+  tok.save(str(path))
+
+
+def test_hf_tokenizer_travels_both_ways(tmp_path, capsys):
+  """A checkpoint's tokenizer.json becomes the imported run's tokenizer; export writes it back with a
+  tokenizer_config.json naming its EOS and BOS, which a re-import reads."""
+  source = tmp_path / 'source'
+  shutil.copytree(DATA / 'jax_llama_gqa', source)
+  _word_tokenizer(source / io.HF_TOKENIZER_FILE)
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 0
+  run = runs.load_run(tmp_path / 'run')
+  assert run.config.data.tokenizer == str((tmp_path / 'run' / io.HF_TOKENIZER_FILE).absolute())
+  assert run.tokenizer.decode(run.tokenizer.encode('w3 w1 w17')) == 'w3 w1 w17' and run.tokenizer.eos_id == 2
+  assert cli.main(['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'out')]) == 0
+  assert json.loads(capsys.readouterr().out.splitlines()[-1])['tokenizer_files'] == [io.HF_TOKENIZER_FILE,
+                                                                                     io.HF_TOKENIZER_CONFIG]
+  out = tmp_path / 'out'
+  assert (out / io.HF_TOKENIZER_FILE).read_bytes() == (source / io.HF_TOKENIZER_FILE).read_bytes()
+  assert json.loads((out / io.HF_TOKENIZER_CONFIG).read_text()) == {
+      'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '</s>', 'bos_token': '<s>', 'model_max_length': 512}
+  assert json.loads((out / 'config.json').read_text())['eos_token_id'] == 2
+  assert not (out / io.SENTENCEPIECE_FILE).exists()
+  # The exported tokenizer_config.json names EOS for the next import (here a token without a usual name).
+  config = json.loads((out / io.HF_TOKENIZER_CONFIG).read_text())
+  (out / io.HF_TOKENIZER_CONFIG).write_text(json.dumps({**config, 'eos_token': 'w19'}))
+  assert cli.main(['import', str(out), '--workdir', str(tmp_path / 'again')]) == 0
+  assert runs.load_run(tmp_path / 'again').tokenizer.eos_id == 22
+  assert (tmp_path / 'again' / io.HF_TOKENIZER_CONFIG).is_file()
+  # A tokenizer with more ids than the model's vocabulary is refused before the run directory exists.
+  big = tmp_path / 'big'
+  shutil.copytree(DATA / 'hf_llama_tied', big)  # vocab_size 64
+  from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
+  tok = Tokenizer(models.WordLevel({**{f'w{i}': i for i in range(80)}, '</s>': 80}, unk_token='w0'))
+  tok.add_special_tokens(['</s>'])
+  tok.save(str(big / io.HF_TOKENIZER_FILE))
+  assert cli.main(['import', str(big), '--workdir', str(tmp_path / 'no')]) == 2
+  assert 'has 81 ids but config.json vocab_size=64' in capsys.readouterr().err
+  assert not (tmp_path / 'no').exists()
 
 
 def test_sentencepiece_tokenizer_travels_both_ways(tmp_path, capsys):

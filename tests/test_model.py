@@ -24,9 +24,11 @@ def test_study_non_embedding_counts_are_exact(arch, scale):
 
 
 @pytest.mark.parametrize('scale', ['tiny', 's1', 's5'])
-@pytest.mark.parametrize('arch', ARCHES + ['lightning', 'mamba2', 'gdn'])
+@pytest.mark.parametrize('arch', ARCHES + ['lightning', 'mamba2', 'gdn', 'swa128_headwise+sinks'])
 def test_counting_matches_the_built_model(arch, scale):
+  arch, _, sinks = arch.partition('+')
   cfg = study_config(arch, scale).model
+  cfg.attention_sinks = bool(sinks)  # One learned sink logit per head and attention layer.
   abstract = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
   params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
   sizes = {'/'.join(map(str, path)): int(np.prod(leaf.shape))
@@ -161,3 +163,68 @@ def test_bfloat16_compute_keeps_float32_masters():
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype('float32')}
   logits = model_def.bind(params)(jnp.zeros((1, 8), jnp.int32))
   assert logits.dtype == jnp.bfloat16
+
+
+def _random_sinks(params, seed=1):
+  """Params with the learned sinks drawn N(0.5, 1), one head per layer at -inf (no sink)."""
+  rng = np.random.default_rng(seed)
+
+  def draw(path, a):
+    if getattr(path[-1], 'key', None) != 'sinks':
+      return a
+    values = rng.normal(0.5, 1.0, a.shape).astype(np.float32)
+    values[..., 1] = -np.inf
+    return jnp.asarray(values)
+
+  return jax.tree_util.tree_map_with_path(draw, params)
+
+
+def test_learned_sinks_are_one_more_zero_value_logit_per_head():
+  """A head-wise layer (SWA and full heads, sinks sliced per head) with learned sinks equals dense softmax attention
+  over [scaled logits, sink] with the sink's value zero (computed here, independently of the layer's
+  o·sigmoid(lse − sink) form), in value and in the gradients of the sinks and the projections; a -inf sink is no
+  sink."""
+  from hybrid_jax.models.mixers.attention import Attention  # pylint: disable=g-import-not-at-top
+  arch = 'swa128_headwise'
+  cfg = small_config(arch, window=5, attention_sinks=True, attention_scale=0.4, dtype='float32').model
+  spec = pattern.layer_spec(cfg, 0)
+  graphdef, state = nnx.split(Attention(cfg, spec, rngs=nnx.Rngs(0)))
+  state = nnx.to_pure_dict(state)
+  state = {**state, 'sinks': _random_sinks({'sinks': state['sinks']})['sinks']}
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 13, cfg.d_model)), jnp.float32)
+  positions = jnp.arange(13)
+  groups = cfg.num_heads // cfg.num_kv_heads
+  full_heads = cfg.headwise_full_kv_heads * groups if spec.kind == 'headwise' else 0
+  windows = np.asarray([5] * (cfg.num_heads - full_heads) + [13] * full_heads)  # Per query head.
+
+  def layer(state):
+    module = nnx.merge(graphdef, nnx.State(state))
+    return module(x, positions)
+
+  def reference(state):
+    module = nnx.merge(graphdef, nnx.State(state))
+    q, k, v = module._qkv(x, positions)  # pylint: disable=protected-access
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    logits = jnp.einsum('bihd,bjhd->bhij', q, k) * 0.4
+    i, j = np.arange(13)[:, None], np.arange(13)[None, :]
+    visible = (j <= i) & (j > i - windows[:, None, None])  # [H, T, T]
+    logits = jnp.where(visible[None], logits, -jnp.inf)
+    sink = jnp.broadcast_to(state['sinks'][None, :, None, None], logits.shape[:3] + (1,))
+    p = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+    return module._out(jnp.einsum('bhij,bjhd->bihd', p, v))  # pylint: disable=protected-access
+
+  cotangent = jnp.asarray(np.random.default_rng(3).normal(size=(2, 13, cfg.d_model)), jnp.float32)
+  loss = lambda fn: lambda s: jnp.sum(fn(s) * cotangent)
+  got, want = jax.jit(layer)(state), jax.jit(reference)(state)
+  assert float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want)) <= 1e-5
+  grads, ref_grads = jax.jit(jax.grad(loss(layer)))(state), jax.jit(jax.grad(loss(reference)))(state)
+  for key in ('sinks', 'wq', 'wk', 'wv'):
+    g, r = grads[key], ref_grads[key]
+    assert np.isfinite(np.asarray(g)).all(), key
+    assert float(jnp.linalg.norm(g - r) / jnp.linalg.norm(r)) <= 1e-5, key
+  assert float(grads['sinks'][1]) == 0.0  # The -inf head: no sink, no gradient.
+  plain = small_config(arch, window=5, attention_scale=0.4, dtype='float32').model
+  plain_def, _ = nnx.split(Attention(plain, spec, rngs=nnx.Rngs(0)))
+  plain_state = {k: v for k, v in state.items() if k != 'sinks'}
+  plain_out = jax.jit(lambda s: nnx.merge(plain_def, nnx.State(s))(x, positions))(plain_state)
+  assert float(jnp.abs(plain_out - got).max()) > 1e-3

@@ -71,8 +71,9 @@ def head_windows(layer: Layer, model_cfg) -> list[int]:
 
 
 def embed(model, tokens):
-  """Input embeddings [B, T, d] in float32 (the model casts them to its compute dtype itself)."""
-  return jnp.take(model.embed[...], tokens, axis=0).astype(jnp.float32)
+  """Input embeddings [B, T, d] as they enter the first block (embedding multiplier applied), in float32 (the
+  model casts them to its compute dtype itself)."""
+  return model.embed_tokens(tokens, jnp.float32)
 
 
 def _gather(x, index):
@@ -102,13 +103,13 @@ def forward(model, tokens=None, *, embeddings=None, attention_queries=None, resi
     y, probs = windowed.mix(block.mixer, layer.spec, h, positions, restriction, attention_queries)
     if probs is not None:
       attention[layer.index] = probs
-    x = x + y.astype(x.dtype)
-    x = x + block.mlp(block.mlp_norm(x)).astype(x.dtype)
+    x = block.add(x, y)
+    x = block.add(x, block.mlp(block.mlp_norm(x)))
     if residual_positions is not None:
       residuals.append(_gather(x, residual_positions))
   if logit_positions is not None:
     x = _gather(x, logit_positions)
-  logits = model.final_norm(x) @ model.lm_head[...].astype(model.dtype)
+  logits = model.logits(model.final_norm(x))
   out = {'logits': logits, 'attention': attention}
   if residual_positions is not None:
     out['residuals'] = jnp.stack(residuals).astype(jnp.float32)

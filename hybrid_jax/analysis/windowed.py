@@ -6,7 +6,8 @@ Which layers a `Restriction` touches (`target`):
   windowed heads of head-wise layers alike); recurrent layers (Lightning, Mamba-2, GDN) get a *windowed state*.
 
 Attention uses the kernels' own window and sink support (`hybrid_jax.kernels.attention(window=, sinks=)`, which the
-'reference' and 'xla' paths implement and the automatic choice honours), so no kernel change was needed.
+'reference' and 'xla' paths implement and the automatic choice honours), through the layer's `attend`, so no kernel
+change was needed.
 
 Windowed state of a recurrent layer (our choice; the study leaves it open): the sequence is cut into chunks of C
 tokens (default W // 4). The outputs of chunk [cC, cC + C) come from running the layer from a zero state over the
@@ -21,8 +22,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-
-from hybrid_jax import kernels
 
 TARGETS = ('full', 'efficient')
 RECURRENT_KINDS = ('lightning', 'mamba2', 'gdn')
@@ -82,13 +81,10 @@ def _attention(mixer, spec, h, positions, restriction, queries):
   if changed or queries is not None:
     q, k, v = mixer._qkv(h, positions)  # pylint: disable=protected-access
   if changed:
-    impl = mixer.implementation
     outs = []
     for (window, sinks), (_, kv) in zip(windows, groups):
       qs = slice(kv.start * mixer.groups, kv.stop * mixer.groups)
-      use = None if impl == 'cudnn' and sinks else impl  # cuDNN has no sinks; the automatic choice does.
-      outs.append(kernels.attention(q[:, :, qs], k[:, :, kv], v[:, :, kv], window=window, sinks=sinks,
-                                    implementation=use))
+      outs.append(mixer.attend(q[:, :, qs], k[:, :, kv], v[:, :, kv], window, qs, sink_positions=sinks))
     y = mixer._out(jnp.concatenate(outs, axis=2))  # pylint: disable=protected-access
   probs = None
   if queries is not None:
@@ -98,28 +94,34 @@ def _attention(mixer, spec, h, positions, restriction, queries):
       n = (kv.stop - kv.start) * mixer.groups
       per_head_w += [t + 1 if window is None else window] * n
       per_head_s += [sinks] * n
-    probs = query_probs(q, k, queries, per_head_w, per_head_s)
+    learned = None if mixer.sinks is None else mixer.sinks[...]
+    probs = query_probs(q, k, queries, per_head_w, per_head_s, scale=mixer.scale, learned_sinks=learned)
   return y, probs
 
 
-def query_probs(q, k, query_index, windows, sinks):
+def query_probs(q, k, query_index, windows, sinks, *, scale=None, learned_sinks=None):
   """Softmax attention probabilities [B, Hq, nq, T] of the queries at `query_index` [B, nq].
 
   q [B, T, Hq, D] and k [B, T, Hkv, D] as the layer computes them (RoPE applied); `windows` / `sinks` are per query
   head ([Hq] ints; a window >= T means full causal). The mask is the kernels' one: key j is visible to query i iff
-  j <= i and (j > i - window or j < sinks).
+  j <= i and (j > i - window or j < sinks). `scale`: the factor on q·k (default head_dim**-0.5). `learned_sinks`
+  [Hq]: the layer's sink logits, which take their share of each row (the row then sums to less than 1).
   """
   b, t, hq, d = q.shape
   groups = hq // k.shape[2]
   qs = jnp.take_along_axis(q, query_index[:, :, None, None], axis=1).astype(jnp.float32)  # [B, nq, Hq, D]
   ks = jnp.repeat(k, groups, axis=2).astype(jnp.float32)
-  logits = jnp.einsum('bnhd,bthd->bhnt', qs, ks) * d ** -0.5
+  logits = jnp.einsum('bnhd,bthd->bhnt', qs, ks) * (scale or d ** -0.5)
   i = query_index[:, None, :, None]
   j = jnp.arange(t)[None, None, None, :]
   w = jnp.asarray(windows)[None, :, None, None]
   s = jnp.asarray(sinks)[None, :, None, None]
   visible = (j <= i) & ((j > i - w) | (j < s))
-  return jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+  logits = jnp.where(visible, logits, -jnp.inf)
+  if learned_sinks is None:
+    return jax.nn.softmax(logits, axis=-1)
+  sink = jnp.broadcast_to(learned_sinks.astype(jnp.float32)[None, :, None, None], logits.shape[:3] + (1,))
+  return jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
 
 
 def windowed_recurrent(mixer, h, window: int, sinks: int, chunk: int):

@@ -187,6 +187,10 @@ class HFTokenizer:
     ids = [int(i) for i in np.asarray(ids).reshape(-1) if 0 <= int(i) < self.vocab_size]
     return self._tok.decode(ids, skip_special_tokens=True)
 
+  def id_to_token(self, token_id: int) -> str | None:
+    """The vocabulary entry of an id (special tokens included), e.g. '</s>' for EOS."""
+    return self._tok.id_to_token(int(token_id))
+
   def encode_with_offsets(self, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """The library's offsets, in characters of `text` (byte-level pieces of one character share its offsets)."""
     encoding = self._tok.encode(text, add_special_tokens=False)

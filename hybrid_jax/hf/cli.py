@@ -1,7 +1,10 @@
 """`python -m hybrid_jax hf export|import`: a run out to a transformers checkpoint, or one in as a run.
 
   hf export --workdir RUN --out DIR [--step N] [--arch auto|llama|mistral|smollm3|granite_swa] [--dtype float32]
-  hf import PATH --workdir RUN [--dtype float32]   (--dtype: the imported run's compute dtype)
+            [--max-shard-size 5GB]
+  hf import PATH --workdir RUN [--dtype float32] [--tensor-names TABLE.json]
+    (--dtype: the imported run's compute dtype; --tensor-names: the checkpoint's tensor names, when they are not
+    its model_type's, e.g. remote modeling code; format in hybrid_jax.hf.weights.NameTable)
 
 Each prints one JSON summary line; a checkpoint or run that cannot be mapped exactly exits 2 with the reason.
 """
@@ -16,18 +19,24 @@ from hybrid_jax.hf import HFError, config_map, io
 def _parser() -> command_line.ArgumentParser:
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax hf', description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest='action', required=True)
-  export = sub.add_parser('export', help='write a run checkpoint as config.json + model.safetensors')
+  export = sub.add_parser('export', help='write a run checkpoint as config.json + safetensors + tokenizer files')
   export.add_argument('--workdir', required=True, help='run directory (config.json + checkpoints/)')
   export.add_argument('--out', required=True, help='output directory for the transformers checkpoint')
   export.add_argument('--step', type=int, default=None, help='checkpoint step (default: the newest)')
   export.add_argument('--arch', default='auto', choices=['auto', *config_map.HF_CLASSES],
                       help='transformers architecture (auto: Llama, Mistral or SmolLM3, the plainest that fits)')
   export.add_argument('--dtype', default='float32', choices=list(io.EXPORT_DTYPES), help='tensor dtype on disk')
+  export.add_argument('--max-shard-size', default=None,
+                      help='largest safetensors file (e.g. 5GB, 500MB, 2GiB): shards listed in '
+                           'model.safetensors.index.json; default: one model.safetensors')
   imp = sub.add_parser('import', help='write a run directory from a transformers checkpoint directory')
   imp.add_argument('path', help='directory with config.json and safetensors')
   imp.add_argument('--workdir', required=True, help='new run directory to create')
   imp.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
                    help="the run's compute dtype (model.dtype); weights are kept in float32")
+  imp.add_argument('--tensor-names', default=None,
+                   help='JSON tensor-name table {"top": {...}, "layer": {...}, "sinks": ...} (default: the table '
+                        "of the checkpoint's model_type)")
   return parser
 
 
@@ -36,9 +45,10 @@ def main(argv) -> int:
   from hybrid_jax.runs import RunError  # pylint: disable=g-import-not-at-top
   try:
     if args.action == 'export':
-      summary = io.export_run(args.workdir, args.out, step=args.step, arch=args.arch, dtype=args.dtype)
+      summary = io.export_run(args.workdir, args.out, step=args.step, arch=args.arch, dtype=args.dtype,
+                              max_shard_size=args.max_shard_size)
     else:
-      summary = io.import_hf(args.path, args.workdir, dtype=args.dtype)
+      summary = io.import_hf(args.path, args.workdir, dtype=args.dtype, table=args.tensor_names)
   except (HFError, RunError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -3,17 +3,22 @@
 Both sides are reduced to one layer plan: per layer, its attention window (None = full) and whether it uses RoPE.
 A hybrid_jax model has one window for all SWA layers, one RoPE setting per layer kind and one RoPE base; a
 transformers config that needs more than that (or any math this project's block lacks) is refused, naming the
-field, before a single weight is read.
+field, before a single weight is read. Granite's scalings (embedding, residual and logit multipliers, attention
+scale) map one to one onto the model options of the same meaning (`SCALING_FIELDS`); MiniCPM's (`scale_emb`,
+`scale_depth`, `dim_model_base`, read from checkpoints with remote modeling code) are converted (`MINICPM_FIELDS`).
 """
 
 import dataclasses
+import math
 
 from hybrid_jax.hf import HFError
 from hybrid_jax.models import pattern
 
-# model_type -> transformers class. All four share Llama's tensor names (GraniteSWA adds per-head sinks).
+# model_type -> transformers class (import and export). Tensor names: weights.TABLES.
 HF_CLASSES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'smollm3': 'SmolLM3ForCausalLM',
               'granite_swa': 'GraniteSWAForCausalLM'}
+# Import only: MiniCPM (1/2/4) loads through remote modeling code; its block is Llama's with three scalings.
+IMPORT_TYPES = (*HF_CLASSES, 'minicpm')
 EXPORTABLE_KINDS = ('full', 'swa')
 _FULL, _SLIDING = 'full_attention', 'sliding_attention'
 # transformers' defaults for keys a config.json may omit (they change the function, so they are never guessed).
@@ -21,8 +26,16 @@ _DEFAULTS = {
     'llama': dict(rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0),
     'mistral': dict(rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0, sliding_window=4096),
     'smollm3': dict(rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=2000000.0, sliding_window=None),
-    'granite_swa': dict(rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0, sliding_window=128),
+    'granite_swa': dict(rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=10000.0, sliding_window=128,
+                        embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+                        attention_multiplier=1.0),
+    'minicpm': dict(rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0),  # PretrainedConfig's tie.
 }
+# MiniCPM config fields with no default here: their remote-code defaults are not assumed.
+MINICPM_FIELDS = ('scale_emb', 'scale_depth', 'dim_model_base')
+# hybrid_jax model field -> GraniteSWA config field of the same meaning, and the plain block's value.
+SCALING_FIELDS = {'embedding_multiplier': ('embedding_multiplier', 1.0),
+                  'residual_multiplier': ('residual_multiplier', 1.0), 'logits_scaling': ('logits_scaling', 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +51,6 @@ class ImportPlan:
   model_type: str
   model_fields: dict
   tied: bool  # lm_head is the embedding (tie_word_embeddings): hybrid_jax's untied head gets a copy.
-  sinks: bool  # GraniteSWA: every layer holds `self_attn.sinks`, which must be -inf (hybrid_jax has no sinks).
 
 
 # ---------------------------------------------------------------------------------------------------- export
@@ -56,8 +68,18 @@ def layer_plan(model_cfg) -> list[Layer]:
   return plan
 
 
-def auto_arch(plan: list[Layer]) -> str:
-  """The plainest class that holds the plan: Llama (full + RoPE), Mistral (SWA + RoPE everywhere), else SmolLM3."""
+def granite_options(model_cfg) -> list[str]:
+  """The model's options that only GraniteSWA expresses: scalings off the plain block, learned sinks."""
+  changed = [field for field, (_, plain) in SCALING_FIELDS.items() if float(model_cfg[field]) != plain]
+  return (changed + (['attention_scale'] if model_cfg.attention_scale else [])
+          + (['attention_sinks'] if model_cfg.attention_sinks else []))
+
+
+def auto_arch(plan: list[Layer], granite: bool = False) -> str:
+  """The plainest class that holds the plan: Llama (full + RoPE), Mistral (SWA + RoPE everywhere), else SmolLM3;
+  GraniteSWA whenever the model has scalings or sinks (`granite`)."""
+  if granite:
+    return 'granite_swa'
   if all(layer.rope for layer in plan):
     if all(layer.window is None for layer in plan):
       return 'llama'
@@ -66,10 +88,13 @@ def auto_arch(plan: list[Layer]) -> str:
   return 'smollm3'
 
 
-def _check_expressible(arch: str, plan: list[Layer]):
+def _check_expressible(arch: str, plan: list[Layer], scaled: list[str]):
   if arch not in HF_CLASSES:
     raise HFError(f'--arch={arch!r} is not a supported transformers architecture; choose auto or one of '
                   f'{", ".join(HF_CLASSES)}')
+  if arch != 'granite_swa' and scaled:
+    raise HFError(f'--arch={arch} has no embedding/residual/logit multipliers, attention scale or sinks, but the '
+                  f'model sets model.{", model.".join(scaled)}; use granite_swa')
   if arch in ('llama', 'mistral'):
     nope = [i for i, layer in enumerate(plan) if not layer.rope]
     if nope:
@@ -88,8 +113,9 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: i
   `eos_id`: the run tokenizer's end-of-document id (generation stops there); None when unknown.
   """
   plan = layer_plan(model_cfg)
-  arch = auto_arch(plan) if arch == 'auto' else arch
-  _check_expressible(arch, plan)
+  scaled = granite_options(model_cfg)
+  arch = auto_arch(plan, bool(scaled)) if arch == 'auto' else arch
+  _check_expressible(arch, plan, scaled)
   windows = {layer.window for layer in plan if layer.window is not None}
   window = windows.pop() if windows else None
   hf = dict(
@@ -108,11 +134,11 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: i
   elif arch == 'smollm3':
     hf.update(mlp_bias=False, use_sliding_window=window is not None, sliding_window=window, layer_types=layer_types,
               no_rope_layers=[int(layer.rope) for layer in plan])
-  else:  # granite_swa: plain multipliers and -inf sinks make it the same function as Llama's block.
+  else:  # granite_swa: the model's scalings; -inf sinks make its attention the plain softmax.
     hf.update(mlp_bias=False, sliding_window=window, layer_types=layer_types,
               layer_rope_theta=[float(model_cfg.rope_base) if layer.rope else 0.0 for layer in plan],
-              attention_multiplier=model_cfg.head_dim ** -0.5, embedding_multiplier=1.0, residual_multiplier=1.0,
-              logits_scaling=1.0)
+              attention_multiplier=float(model_cfg.attention_scale) or model_cfg.head_dim ** -0.5,
+              **{hf_field: float(model_cfg[field]) for field, (hf_field, _) in SCALING_FIELDS.items()})
   return hf
 
 
@@ -138,7 +164,7 @@ def _rope_theta(hf: dict) -> float | None:
 def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Layer], float | None]:
   """The layer plan a transformers config describes, and its single RoPE base."""
   n = hf['num_hidden_layers']
-  if model_type == 'llama':
+  if model_type in ('llama', 'minicpm'):
     return [Layer(None, True)] * n, theta
   if model_type == 'mistral':
     return [Layer(hf.get('sliding_window'), True)] * n, theta
@@ -162,15 +188,35 @@ def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Lay
   nonzero = sorted({t for t in thetas if t})
   if len(nonzero) > 1:
     _refuse('layer_rope_theta', thetas, 'hybrid_jax has one RoPE base for all RoPE layers (0 = NoPE is fine)')
-  for field, plain in (('embedding_multiplier', 1.0), ('residual_multiplier', 1.0), ('logits_scaling', 1.0)):
-    if float(hf.get(field, 1.0)) != plain:
-      _refuse(field, hf[field], f'only {plain} (the plain pre-norm block) is supported')
-  head_dim = hf.get('head_dim') or hf['hidden_size'] // hf['num_attention_heads']
-  scale = hf.get('attention_multiplier', 1.0)
-  if abs(scale - head_dim ** -0.5) > 1e-7 * head_dim ** -0.5:
-    _refuse('attention_multiplier', scale, f'attention is scaled by head_dim**-0.5 = {head_dim ** -0.5!r}')
   windows = [hf.get('sliding_window') if t == _SLIDING else None for t in types]
   return [Layer(w, bool(t)) for w, t in zip(windows, thetas)], (nonzero[0] if nonzero else theta)
+
+
+def _positive(hf: dict, field: str) -> float:
+  value = hf.get(field)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    _refuse(field, value, 'a finite number > 0 is required')
+  return float(value)
+
+
+def _scaling_fields(hf: dict, model_type: str, head_dim: int) -> dict:
+  """hybrid_jax's scaling options (model.embedding_multiplier, ...) from a config's multipliers."""
+  if model_type == 'minicpm':
+    if hf.get('use_mup', True) is not True:
+      _refuse('use_mup', hf['use_mup'], "only MiniCPM's scaled block (use_mup true or absent) is supported")
+    if hf.get('sparse_config'):
+      _refuse('sparse_config', hf['sparse_config'], 'attention is dense (no sparse attention)')
+    if hf.get('kv_channels') not in (None, head_dim):
+      _refuse('kv_channels', hf['kv_channels'], f'heads are hidden_size / num_attention_heads = {head_dim} wide')
+    emb, depth, base = (_positive(hf, field) for field in MINICPM_FIELDS)
+    return dict(embedding_multiplier=emb, residual_multiplier=depth / math.sqrt(hf['num_hidden_layers']),
+                logits_scaling=hf['hidden_size'] / base, attention_scale=0.0)  # Attention: head_dim**-0.5.
+  if model_type != 'granite_swa':
+    return {}
+  fields = {field: _positive(hf, hf_field) for field, (hf_field, _) in SCALING_FIELDS.items()}
+  scale = _positive(hf, 'attention_multiplier')
+  fields['attention_scale'] = 0.0 if scale == head_dim ** -0.5 else scale  # 0: the default path, same value.
+  return fields
 
 
 def _shortest_cycle(kinds: list[str]) -> tuple[str, ...]:
@@ -194,8 +240,8 @@ def _rope_flag(plan: list[Layer], is_kind, name: str) -> bool:
 def plan_import(hf: dict) -> ImportPlan:
   """Checks a transformers config.json against what hybrid_jax represents; returns the model fields."""
   model_type = hf.get('model_type')
-  if model_type not in HF_CLASSES:
-    _refuse('model_type', model_type, f'supported model types: {", ".join(HF_CLASSES)}')
+  if model_type not in IMPORT_TYPES:
+    _refuse('model_type', model_type, f'supported model types: {", ".join(IMPORT_TYPES)}')
   hf = {**_DEFAULTS[model_type], **hf}
   for field in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads'):
     if not isinstance(hf.get(field), int) or hf[field] <= 0:
@@ -218,14 +264,14 @@ def plan_import(hf: dict) -> ImportPlan:
     if not theta:
       _refuse('rope_parameters.rope_theta', theta, 'RoPE layers need a base > 1')
   heads = hf['num_attention_heads']
+  head_dim = hf.get('head_dim') or hf['hidden_size'] // heads
   fields = dict(
       vocab_size=hf['vocab_size'], d_model=hf['hidden_size'], num_layers=hf['num_hidden_layers'], num_heads=heads,
-      num_kv_heads=hf.get('num_key_value_heads') or heads,
-      head_dim=hf.get('head_dim') or hf['hidden_size'] // heads, d_ff=hf['intermediate_size'],
+      num_kv_heads=hf.get('num_key_value_heads') or heads, head_dim=head_dim, d_ff=hf['intermediate_size'],
       cycle=_shortest_cycle(kinds), rope_full=rope_full, rope_swa=rope_swa,
-      norm_eps=float(hf['rms_norm_eps']))
+      norm_eps=float(hf['rms_norm_eps']), **_scaling_fields(hf, model_type, head_dim))
   if theta:
     fields['rope_base'] = float(theta)
   if windows:
     fields['window'] = int(windows[0])
-  return ImportPlan(model_type, fields, bool(hf['tie_word_embeddings']), model_type == 'granite_swa')
+  return ImportPlan(model_type, fields, bool(hf['tie_word_embeddings']))

@@ -1,14 +1,17 @@
 """Reading and writing checkpoint directories: transformers (config.json + safetensors) and hybrid_jax runs.
 
-Export reads a run's checkpoint and writes `config.json`, `model.safetensors` (and `tokenizer.model` when the run
-used a SentencePiece tokenizer). Import checks config.json first (refusals come before any weight is read), reads
-the safetensors (one file or shards listed in `model.safetensors.index.json`; float32, bfloat16 or float16), and
-writes a run directory: `config.json` plus an orbax checkpoint of the parameters at step 0, which `eval`,
-`analyze`, `runs.load_run` and `train --config.train.init_from` read.
+Export reads a run's checkpoint and writes `config.json`, `model.safetensors` (or, past a maximum shard size,
+`model-0000i-of-0000n.safetensors` shards listed in `model.safetensors.index.json`) and the run's tokenizer files:
+`tokenizer.json` + `tokenizer_config.json` for a Hugging Face tokenizer, `tokenizer.model` for SentencePiece.
+Import checks config.json first (refusals come before any weight is read), reads the safetensors (one file or
+shards; float32, bfloat16 or float16), and writes a run directory: `config.json` plus an orbax checkpoint of the
+parameters at step 0, which `eval`, `analyze`, `runs.load_run` and `train --config.train.init_from` read; the
+checkpoint's tokenizer (tokenizer.json preferred over tokenizer.model) becomes the run's.
 """
 
 import json
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -21,6 +24,10 @@ from hybrid_jax.hf import HFError, config_map, weights
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
 SENTENCEPIECE_FILE = 'tokenizer.model'
+HF_TOKENIZER_FILE = 'tokenizer.json'
+HF_TOKENIZER_CONFIG = 'tokenizer_config.json'
+SHARD_NAME = 'model-{:05d}-of-{:05d}.safetensors'
+_SIZE_UNITS = {'': 1, 'b': 1, 'kb': 10**3, 'mb': 10**6, 'gb': 10**9, 'kib': 2**10, 'mib': 2**20, 'gib': 2**30}
 EXPORT_DTYPES = {'float32': np.float32, 'bfloat16': None, 'float16': np.float16}  # bfloat16: ml_dtypes, lazily.
 
 
@@ -34,33 +41,89 @@ def _np_dtype(name: str):
 
 
 # ---------------------------------------------------------------------------------------------------- export
+def parse_size(text) -> int:
+  """Bytes of a size such as 5GB (10^9), 500MiB (2^20 each) or 1000000; HFError naming --max-shard-size if bad."""
+  m = re.fullmatch(r'\s*(\d+(?:\.\d+)?)\s*([kmg]i?b|b)?\s*', str(text), re.I)
+  if not m or float(m.group(1)) <= 0:
+    raise HFError(f'--max-shard-size={text!r} is invalid: give a positive size such as 5GB, 500MB, 2GiB or bytes')
+  return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or '').lower()])
+
+
+def _save_tensors(tensors: dict, out: pathlib.Path, max_shard_bytes: int | None) -> list[str]:
+  """One model.safetensors, or shards of at most `max_shard_bytes` (a larger tensor gets a shard of its own, in
+  tensor order) with model.safetensors.index.json, as transformers writes them; returns the files written."""
+  shards, size = [[]], 0
+  for name, x in tensors.items():
+    if max_shard_bytes and shards[-1] and size + x.nbytes > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(name)
+    size += x.nbytes
+  if len(shards) == 1:
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={'format': 'pt'})
+    return [WEIGHTS_FILE]
+  files = [SHARD_NAME.format(i + 1, len(shards)) for i in range(len(shards))]
+  for file, names in zip(files, shards):
+    save_file({n: tensors[n] for n in names}, str(out / file), metadata={'format': 'pt'})
+  index = {'metadata': {'total_size': sum(x.nbytes for x in tensors.values())},
+           'weight_map': {n: file for file, names in zip(files, shards) for n in names}}
+  (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + '\n')
+  return files
+
+
 def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, dtype: str = 'float32',
-             eos_id: int | None = None) -> dict:
-  """Writes `out/config.json` and `out/model.safetensors` for hybrid_jax params; returns the config written."""
+             eos_id: int | None = None, max_shard_bytes: int | None = None) -> dict:
+  """Writes `out/config.json` and the safetensors (one file, or shards of at most `max_shard_bytes`) for
+  hybrid_jax params; returns the config written."""
   hf_config = config_map.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
   hf_config['dtype'] = dtype
-  tensors = weights.to_hf_tensors(params, model_cfg, sinks=hf_config['model_type'] == 'granite_swa',
-                                  dtype=_np_dtype(dtype))
+  tensors = weights.to_hf_tensors(params, model_cfg, weights.TABLES[hf_config['model_type']], dtype=_np_dtype(dtype))
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
+  for stale in [out / WEIGHTS_FILE, out / INDEX_FILE, *out.glob(SHARD_NAME.replace('{:05d}', '*'))]:
+    stale.unlink(missing_ok=True)  # A re-export must not leave the other layout's files behind.
   (out / 'config.json').write_text(json.dumps(hf_config, indent=2) + '\n')
-  save_file(tensors, str(out / WEIGHTS_FILE), metadata={'format': 'pt'})
+  _save_tensors(tensors, out, max_shard_bytes)
   return hf_config
 
 
-def export_run(workdir, out, *, step: int | None = None, arch: str = 'auto', dtype: str = 'float32') -> dict:
-  """Exports a run's checkpoint (default: the newest) as a transformers checkpoint directory."""
+def _write_tokenizer(spec: str, tokenizer, out: pathlib.Path, max_positions: int) -> list[str]:
+  """The run's tokenizer as transformers reads it: tokenizer.json + tokenizer_config.json (the run's own config
+  file when one sits beside its tokenizer.json, else a minimal one naming EOS/BOS), or tokenizer.model."""
+  if spec == 'byte':
+    return []
+  if not spec.endswith('.json'):
+    shutil.copyfile(spec, out / SENTENCEPIECE_FILE)
+    return [SENTENCEPIECE_FILE]
+  shutil.copyfile(spec, out / HF_TOKENIZER_FILE)
+  beside = pathlib.Path(spec).with_name(HF_TOKENIZER_CONFIG)
+  if beside.is_file():
+    shutil.copyfile(beside, out / HF_TOKENIZER_CONFIG)
+  else:
+    token = lambda i: None if i is None else tokenizer.id_to_token(i)
+    config = {'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': token(tokenizer.eos_id),
+              'bos_token': token(tokenizer.bos_id), 'model_max_length': max_positions}
+    (out / HF_TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + '\n')
+  return [HF_TOKENIZER_FILE, HF_TOKENIZER_CONFIG]
+
+
+def export_run(workdir, out, *, step: int | None = None, arch: str = 'auto', dtype: str = 'float32',
+               max_shard_size=None) -> dict:
+  """Exports a run's checkpoint (default: the newest) as a transformers checkpoint directory; `max_shard_size`
+  (e.g. '5GB'; None = one file) shards the safetensors."""
   from hybrid_jax import runs  # pylint: disable=g-import-not-at-top  (jax and orbax only when needed)
+  max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
   config = runs.load_config(workdir)
   config_map.layer_plan(config.model)  # Refuse unexportable mixers before restoring any parameter.
   run = runs.load_run(workdir, step, config=config)
   tokenizer = config.data.tokenizer
+  out = pathlib.Path(out)
   hf_config = write_hf(out, config.model, run.params, arch=arch, max_positions=config.data.seq_len, dtype=dtype,
-                       eos_id=run.tokenizer.eos_id)
-  if tokenizer != 'byte':
-    shutil.copyfile(tokenizer, pathlib.Path(out) / SENTENCEPIECE_FILE)
+                       eos_id=run.tokenizer.eos_id, max_shard_bytes=max_shard_bytes)
+  tokenizer_files = _write_tokenizer(tokenizer, run.tokenizer, out, config.data.seq_len)
   return {'out': str(out), 'step': run.step, 'model_type': hf_config['model_type'],
-          'architectures': hf_config['architectures'], 'tokenizer': tokenizer}
+          'architectures': hf_config['architectures'], 'tokenizer': tokenizer, 'tokenizer_files': tokenizer_files,
+          'weight_files': sorted(p.name for p in out.glob('*.safetensors'))}
 
 
 # ---------------------------------------------------------------------------------------------------- import
@@ -98,36 +161,68 @@ class TensorReader:
       return f.get_tensor(name)
 
 
-def read_hf(path, model_overrides: dict | None = None):
-  """(hybrid_jax model config, params as numpy, import plan) of a transformers checkpoint directory."""
+def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable | None = None):
+  """(hybrid_jax model config, params as numpy, import plan) of a transformers checkpoint directory.
+
+  `table`: the checkpoint's tensor names (default: its model_type's entry in weights.TABLES).
+  """
   from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
   plan = config_map.plan_import(read_hf_config(path))
+  table = table or weights.TABLES[plan.model_type]
+  reader = TensorReader(path)
+  # Finite sink tensors (GraniteSWA) make a model with learned sinks; all -inf, one without.
+  sinks = weights.finite_sinks(reader, reader.names, table, plan.model_fields['num_layers'])
   config = load_config_file(str(BASE_CONFIG))
-  config.model.update({**plan.model_fields, 'dtype': 'float32', 'param_dtype': 'float32',
+  config.model.update({**plan.model_fields, 'attention_sinks': sinks, 'dtype': 'float32', 'param_dtype': 'float32',
                        **(model_overrides or {})})
   try:
     validate(config)
   except ConfigError as e:
     raise HFError(f'{path}/config.json maps to an invalid hybrid_jax model: {e}') from e
-  reader = TensorReader(path)
   abstract = runs.abstract_params(config.model)
-  params = weights.from_hf_tensors(reader, reader.names, abstract, config.model, tied=plan.tied, sinks=plan.sinks)
+  params = weights.from_hf_tensors(reader, reader.names, abstract, config.model, table, tied=plan.tied)
   return config, params, plan
 
 
-def import_hf(path, workdir, *, dtype: str = 'float32') -> dict:
-  """Writes a hybrid_jax run directory (config.json + params checkpoint at step 0) from a transformers checkpoint."""
+def _checkpoint_tokenizer(path: pathlib.Path, vocab_size: int) -> list[str]:
+  """The checkpoint's tokenizer files, checked readable and within the model's vocabulary: tokenizer.json
+  (+ tokenizer_config.json, which names its EOS), else tokenizer.model, else none."""
+  from hybrid_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  if (path / HF_TOKENIZER_FILE).is_file():
+    files = [HF_TOKENIZER_FILE] + ([HF_TOKENIZER_CONFIG] if (path / HF_TOKENIZER_CONFIG).is_file() else [])
+  elif (path / SENTENCEPIECE_FILE).is_file():
+    files = [SENTENCEPIECE_FILE]
+  else:
+    return []
+  try:
+    tokenizer = tokenizers.get_tokenizer(str(path / files[0]))
+  except ConfigError as e:
+    raise HFError(f'{path / files[0]} cannot be the imported run\'s tokenizer: {e}') from e
+  if tokenizer.vocab_size > vocab_size:
+    raise HFError(f'{path / files[0]} has {tokenizer.vocab_size} ids but config.json vocab_size={vocab_size}')
+  return files
+
+
+def import_hf(path, workdir, *, dtype: str = 'float32', table=None) -> dict:
+  """Writes a hybrid_jax run directory (config.json + params checkpoint at step 0) from a transformers checkpoint.
+
+  `table`: a JSON tensor-name table file (weights.read_table) for checkpoints whose names differ from their
+  model_type's table (remote modeling code).
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   path, workdir = pathlib.Path(path), pathlib.Path(workdir)
   if (workdir / 'config.json').exists() or (workdir / 'checkpoints').exists():
     raise HFError(f'{workdir} already holds a run; import into a new directory')
-  config, params, plan = read_hf(path, {'dtype': dtype})
+  names = weights.read_table(table) if table else None
+  config, params, plan = read_hf(path, {'dtype': dtype}, names)
   config.name = f'hf_{path.resolve().name}'
+  tokenizer_files = _checkpoint_tokenizer(path, config.model.vocab_size)
   workdir.mkdir(parents=True, exist_ok=True)
-  if (path / SENTENCEPIECE_FILE).is_file():
-    shutil.copyfile(path / SENTENCEPIECE_FILE, workdir / SENTENCEPIECE_FILE)
-    config.data.tokenizer = str((workdir / SENTENCEPIECE_FILE).absolute())
+  for file in tokenizer_files:
+    shutil.copyfile(path / file, workdir / file)
+  if tokenizer_files:
+    config.data.tokenizer = str((workdir / tokenizer_files[0]).absolute())
   (workdir / 'config.json').write_text(config.to_json_best_effort(indent=2) + '\n')
   state = {'params': jax.tree.map(jax.numpy.asarray, params)}
   options = ocp.CheckpointManagerOptions(create=True)

@@ -8,9 +8,10 @@ from hybrid_jax.models import pattern
 
 
 def attention_params(cfg) -> int:
+  """q, k, v, o projections, and one learned sink logit per head when the model has them."""
   q_and_o = 2 * cfg.d_model * cfg.num_heads * cfg.head_dim
   k_and_v = 2 * cfg.d_model * cfg.num_kv_heads * cfg.head_dim
-  return q_and_o + k_and_v
+  return q_and_o + k_and_v + (cfg.num_heads if cfg.get('attention_sinks') else 0)
 
 
 def lightning_params(cfg) -> int:

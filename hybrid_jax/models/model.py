@@ -1,5 +1,9 @@
 """HybridLM: embeddings -> blocks -> final RMSNorm -> untied LM head.
 
+Optional scalings for checkpoints trained with them (Granite, MiniCPM): embeddings times
+`model.embedding_multiplier`, each residual branch times `model.residual_multiplier`, logits divided by
+`model.logits_scaling`. At their default 1 they are skipped, so the plain block's program is unchanged.
+
 The stack is `model.cycle` repeated. With `scan_layers=True` the repeats are one Cycle module whose parameters
 carry a leading `layers` axis, applied with `jax.lax.scan`, so compile time does not grow with depth; leftover
 layers (depth not a multiple of the cycle) run unscanned after it. Both layouts compute the same function.
@@ -23,7 +27,7 @@ _REMAT_POLICIES = {
 
 
 class Block(nnx.Module):
-  """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm block: x + r * mixer(norm(x)), then x + r * mlp(norm(x)), r = model.residual_multiplier."""
 
   def __init__(self, cfg, spec: pattern.LayerSpec, *, rngs: nnx.Rngs):
     pdt, dt = dtype_of(cfg.param_dtype), dtype_of(cfg.dtype)
@@ -33,22 +37,28 @@ class Block(nnx.Module):
     std, out_std = init_stds(cfg)
     self.mlp = SwiGLU(cfg.d_model, cfg.d_ff, std=std, out_std=out_std, param_dtype=pdt, dtype=dt, rngs=rngs)
     self.scope = spec.scope
+    self.residual_multiplier = float(cfg.residual_multiplier)
+
+  def add(self, x, y):
+    """The residual stream x plus a branch output y (times the residual multiplier)."""
+    y = y.astype(x.dtype)
+    return x + (y if self.residual_multiplier == 1.0 else y * self.residual_multiplier)
 
   def __call__(self, x, positions):
     # Named scopes survive into the compiled program's op metadata: `bench step` attributes profiled time by them.
     with jax.named_scope(self.scope):
       with jax.named_scope('mixer'):
-        x = x + self.mixer(self.mixer_norm(x), positions).astype(x.dtype)
+        x = self.add(x, self.mixer(self.mixer_norm(x), positions))
       with jax.named_scope('mlp'):
-        x = x + self.mlp(self.mlp_norm(x)).astype(x.dtype)
+        x = self.add(x, self.mlp(self.mlp_norm(x)))
     return activations.constrain(x, activations.RESIDUAL)
 
   def decode(self, x, where, state, *, prefill: bool):
     """Prefill (x [B,T,d] at positions `where`) or one step (x [B,1,d] at position `where`), with mixer state."""
     mix = self.mixer.prefill if prefill else self.mixer.step
     y, state = mix(self.mixer_norm(x), where, state)
-    x = x + y.astype(x.dtype)
-    return x + self.mlp(self.mlp_norm(x)).astype(x.dtype), state
+    x = self.add(x, y)
+    return self.add(x, self.mlp(self.mlp_norm(x))), state
 
 
 class Cycle(nnx.Module):
@@ -104,6 +114,8 @@ class HybridLM(nnx.Module):
     self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=self.dtype)
     self.lm_head = param(rngs, (cfg.d_model, cfg.vocab_size), ('embed', 'vocab'), std=cfg.init_std, dtype=pdt)
     self.remat = cfg.remat
+    self.embedding_multiplier = float(cfg.embedding_multiplier)
+    self.logits_scaling = float(cfg.logits_scaling)
 
   def _run(self, module, x, positions):
     graphdef, state = nnx.split(module)
@@ -112,12 +124,20 @@ class HybridLM(nnx.Module):
       fn = jax.checkpoint(fn, policy=_REMAT_POLICIES[self.remat], static_argnums=(0,))
     return fn(graphdef, state, x, positions)
 
+  def embed_tokens(self, tokens, dtype=None):
+    """Input embeddings [B, T, d_model] of int tokens [B, T] (times the embedding multiplier), in `dtype`
+    (default: the compute dtype)."""
+    x = jnp.take(self.embed[...], tokens, axis=0)
+    if self.embedding_multiplier != 1.0:
+      x = x * self.embedding_multiplier
+    return x.astype(self.dtype if dtype is None else dtype)
+
   def hidden_states(self, tokens, positions=None):
     """Final-norm hidden states [B, T, d_model] for int tokens [B, T]."""
     if positions is None:
       positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
     with jax.named_scope('embed'):
-      x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+      x = self.embed_tokens(tokens)
     x = activations.constrain(x, activations.RESIDUAL)
     if self.scan_layers:
       graphdef, stacked = nnx.split(self.cycles)
@@ -133,7 +153,10 @@ class HybridLM(nnx.Module):
   def logits(self, h):
     """Logits [..., vocab] (compute dtype) of final hidden states `h` [..., d_model]."""
     with jax.named_scope('lm_head'):
-      return activations.constrain(h @ self.lm_head[...].astype(self.dtype), activations.LOGITS)
+      logits = h @ self.lm_head[...].astype(self.dtype)
+      if self.logits_scaling != 1.0:
+        logits = logits / self.logits_scaling
+      return activations.constrain(logits, activations.LOGITS)
 
   def __call__(self, tokens, positions=None):
     """Logits [B, T, vocab] (compute dtype) for int tokens [B, T]."""
@@ -150,7 +173,7 @@ class HybridLM(nnx.Module):
     return state
 
   def _decode(self, tokens, where, state, *, prefill: bool):
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+    x = self.embed_tokens(tokens)
     new_state = {}
     if self.scan_layers:
       graphdef, stacked = nnx.split(self.cycles)

@@ -4,7 +4,9 @@ A sliding window w < T is computed block by block: queries are cut into blocks o
 the keys of its own block and the n = ceil((w - 1) / C) blocks before it, so memory and time grow as O(T * (w + C))
 rather than O(T^2). Full causal (window None or >= T), or a band that would cover the whole sequence anyway, is
 one block of T: dense masked attention, O(T^2) memory, in this version (a flash kernel replaces it later).
-Softmax statistics are float32 (float64 for float64 inputs); differentiation is plain autodiff.
+Softmax statistics are float32 (float64 for float64 inputs); differentiation is plain autodiff. `return_lse` also
+returns each row's log-sum-exp of its scaled logits (differentiable too), which learned attention sinks need
+(hybrid_jax.models.mixers.attention); the other implementations do not expose it.
 """
 
 import functools
@@ -22,8 +24,12 @@ def default_block_size(window):
   return int(min(MAX_BLOCK, max(MIN_BLOCK, c)))
 
 
-def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, block_size=None):
-  """Causal (sliding-window) attention; shapes and arguments as `hybrid_jax.kernels.attention`."""
+def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, block_size=None, return_lse=False):
+  """Causal (sliding-window) attention; shapes and arguments as `hybrid_jax.kernels.attention`.
+
+  With `return_lse`: (o, lse), lse [B, T, Hq] the log-sum-exp over each query's visible keys of the scaled logits,
+  in the softmax statistics' dtype.
+  """
   t, d = q.shape[1], q.shape[3]
   scale = d**-0.5 if scale is None else scale
   if window is None or window >= t:
@@ -32,7 +38,8 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
   n = -(-(window - 1) // c)
   if (n + 1) * c >= t:  # The band would cover the whole sequence: one dense block is cheaper.
     c, n = t, 0
-  return _blocked(q, k, v, window, scale, min(sinks, t), segment_ids, c, n)
+  o, lse = _blocked(q, k, v, window, scale, min(sinks, t), segment_ids, c, n)
+  return (o, lse) if return_lse else o
 
 
 def _slabs(x, n):
@@ -75,15 +82,17 @@ def _blocked(q, k, v, window, scale, sinks, segment_ids, c, n):
       smask = smask & (seg[:, :, :, None] == segment_ids[:, None, None, :sinks])
     slogits = jnp.einsum('bnhxd,bshd->bnhxs', qx, k[:, :sinks], preferred_element_type=stat)
     parts.append((slogits, smask, v[:, :sinks], 'bnhxs,bshd->bnhxd'))
-  o = _softmax_v(parts, scale, (b, nb, hkv, g, c))
-  return o.transpose(0, 1, 4, 2, 3, 5).reshape(b, nb * c, hq, d)[:, :t].astype(q.dtype)
+  o, lse = _softmax_v(parts, scale, (b, nb, hkv, g, c))
+  lse = lse[..., 0].transpose(0, 1, 4, 2, 3).reshape(b, nb * c, hq)[:, :t]
+  return o.transpose(0, 1, 4, 2, 3, 5).reshape(b, nb * c, hq, d)[:, :t].astype(q.dtype), lse
 
 
 def _softmax_v(parts, scale, rows):
   """Joint softmax over the keys of all (logits, mask, values, einsum) parts, times values; no concatenation.
 
   Logits come as [..., G*C, K] and masks as [B or 1, nb, C, K]; the mask is applied before exp and each row
-  holds its own key, so the row max is finite. Returns [B, nb, Hkv, G, C, D].
+  holds its own key, so the row max is finite. Returns o [B, nb, Hkv, G, C, D] and the rows' log-sum-exp
+  [B, nb, Hkv, G, C, 1] (its gradient flows through the sum; the stopped max cancels out of it exactly).
   """
   masked = []
   for logits, mask, vals, spec in parts:
@@ -97,4 +106,4 @@ def _softmax_v(parts, scale, rows):
     total = total + jnp.sum(e, axis=-1, keepdims=True)
     e = e.astype(vals.dtype).reshape(e.shape[:3] + (-1, e.shape[-1]))
     o = o + jnp.einsum(spec, e, vals, preferred_element_type=m.dtype).reshape(rows + vals.shape[-1:])
-  return o / total
+  return o / total, m + jnp.log(total)
