@@ -80,7 +80,7 @@ def get_config(arg=None):
   # ------------------------------------------------------------------------------------------------ data
   d = c.data = ml_collections.ConfigDict()
   # 'builtin' (this Python's standard library sources) | 'files' | 'tfds' | 'parquet' | 'pretokenized'
-  # (a directory written by `python -m hybrid_jax pretokenize`).
+  # (a directory written by `python -m hybrid_jax pretokenize`) | 'recall' (the synthetic recall task below).
   d.source = 'builtin'
   # 'files': comma-separated files, directories or globs of .txt / .jsonl (.gz allowed); 'parquet': the same of
   # .parquet files; 'pretokenized': the directory `pretokenize` wrote.
@@ -97,6 +97,22 @@ def get_config(arg=None):
   d.eval_fraction = 0.02  # 'builtin' / 'files' / 'parquet': fraction of documents held out (stable by hash).
   d.shuffle = True  # Shuffle documents each epoch (seeded).
   d.worker_count = 0  # grain worker processes (0 = in the main process).
+  # 'recall': multi-query associative recall documents (KEYVALUE records in a filler sentence, each key asked
+  # again later), every one data.seq_len bytes long, mixed with built-in text (hybrid_jax/data/recall.py). Needs
+  # the byte tokenizer; set data.long_short_ratio=0 so the text fraction below is the mixture's.
+  rc = d.recall = ml_collections.ConfigDict()
+  rc.pairs = 6  # Key-value pairs (and queries) per recall document; 1 = a needle document.
+  rc.key_length = 1  # Characters per key.
+  rc.key_chars = 26  # Keys use the first key_chars upper-case letters (unique within a document).
+  rc.value_length = 2  # Characters per value (the answer).
+  rc.value_chars = 10  # Values use the first value_chars digits.
+  # Query start - pair start, in tokens: a range is picked with probability proportional to its weight, then a
+  # distance uniformly inside it (inclusive). A window of w tokens sees the answer iff distance <= w.
+  rc.distance_ranges = ((6, 16), (40, 128), (160, 400))
+  rc.distance_weights = (1.0, 1.0, 1.0)
+  rc.text_fraction = 0.25  # Fraction of documents that are built-in text instead of recall.
+  rc.documents = 1_000_000  # Training documents (held out: ceil(documents * eval_fraction), generated apart).
+  rc.seed = 0  # Seeds the documents themselves (config.seed only orders them), so every run sees the same task.
 
   # ----------------------------------------------------------------------------------------------- train
   t = c.train = ml_collections.ConfigDict()

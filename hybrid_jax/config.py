@@ -25,7 +25,7 @@ RECURRENT_SHAPE_FIELDS = {
 }
 REMAT_POLICIES = ('none', 'full', 'save_dots')
 SCHEDULES = ('wsd', 'cosine', 'constant')
-SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized')
+SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
 DTYPES = ('float32', 'bfloat16', 'float16')
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
 
@@ -258,6 +258,9 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail('data.paths', d.paths, "must name a directory written by `pretokenize` when data.source='pretokenized'")
   if d.source == 'tfds' and not d.tfds_name:
     _fail('data.tfds_name', d.tfds_name, "must name a TFDS dataset when data.source='tfds'")
+  if d.source == 'recall':
+    from hybrid_jax.data import recall  # pylint: disable=g-import-not-at-top  (imports this module)
+    recall.settings(d)
   _nonneg_number(c, 'data.long_short_ratio')
   _nonneg_number(c, 'data.long_doc_min_tokens')
   if not 0 < d.eval_fraction < 1:

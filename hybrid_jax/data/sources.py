@@ -1,7 +1,7 @@
 """Random-access document sources (`len`, `[i] -> str`) for grain: built-in corpus, local files and TFDS.
 
-`make_source` also opens parquet shards (`parquet.py`) and pre-tokenized directories (`pretokenized.py`, whose
-documents are token arrays instead of text).
+`make_source` also opens parquet shards (`parquet.py`), pre-tokenized directories (`pretokenized.py`, whose
+documents are token arrays instead of text) and the synthetic recall task (`recall.py`).
 
 Sources hold an index (paths, byte offsets), never the text, so they stay small when grain pickles them into worker
 processes, and their `repr` is deterministic because grain records it next to iterator state. 'builtin' and 'files'
@@ -348,4 +348,8 @@ def make_source(data_cfg, split: str):
   if kind == 'pretokenized':
     from hybrid_jax.data import pretokenized  # pylint: disable=g-import-not-at-top
     return pretokenized.PretokenizedSource(data_cfg.paths, split, data_cfg.tokenizer)
-  raise ConfigError(f"config.data.source={kind!r} is invalid: allowed: builtin, files, tfds, parquet, pretokenized")
+  if kind == 'recall':
+    from hybrid_jax.data import recall  # pylint: disable=g-import-not-at-top
+    return recall.RecallSource(data_cfg, split)
+  raise ConfigError(f"config.data.source={kind!r} is invalid: allowed: builtin, files, tfds, parquet, pretokenized, "
+                    'recall')

@@ -1,0 +1,243 @@
+"""A synthetic long-range recall task as a document source (`data.source='recall'`, fields `data.recall.*`).
+
+Why: on ordinary text a tiny model at a short context has almost nothing to retrieve from far back, so the study's
+question (where does long-range retrieval live in a hybrid?) cannot be asked. Here it must retrieve, from a
+controlled distance.
+
+A recall document is multi-query associative recall written as text, exactly `data.seq_len` ASCII characters:
+`pairs` records `KEYVALUE` (keys of `key_length` upper-case letters from the first `key_chars` letters, unique in
+the document; values of `value_length` digits from the first `value_chars` digits) sit in a lower-case filler
+sentence, and each key comes back once later as the same record, whose value the model can only copy from the
+first occurrence (one pair per document is a needle-in-a-haystack document). The distance of a query is
+query start - pair start, in tokens (= characters: byte tokenizer, ASCII); it is drawn per pair: a range of
+`distance_ranges` with probability proportional to `distance_weights`, then uniform inside it. The answer byte m is
+predicted at position query + key_length - 1 + m and copied from position pair + key_length + m, distance - 1
+positions back: a window of w keys (the query itself included) sees it iff distance <= w.
+
+A fraction `text_fraction` of the documents are ordinary text instead: seq_len characters of the built-in corpus
+(same train/eval split), non-ASCII characters folded to '?'. Every document then tokenizes to seq_len + 1 tokens
+with EOS, one packed training row, so a row never cuts a pair from its query.
+
+Document i of a split is a pure function of (data.recall.seed, split, i): the source is random-access, its repr is
+stable, and grain's shuffle and checkpointed iterator state work on it unchanged. `document(i)` gives the text with
+its queries (positions, distances, answers) for scoring (hybrid_jax.eval.recall).
+"""
+
+import dataclasses
+import math
+import string
+
+import numpy as np
+
+from hybrid_jax.config import ConfigError
+
+FILLER = 'the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. '
+_SPLITS = {'train': 0, 'eval': 1}
+_ATTEMPTS = 100  # Layouts tried per document before the settings are called impossible.
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+  """One key-value pair and its query; positions are character (= token) offsets in the document."""
+  key: str
+  value: str
+  pair: int  # Start of the first record KEYVALUE.
+  query: int  # Start of the repeated record.
+
+  @property
+  def distance(self) -> int:
+    return self.query - self.pair
+
+  def answer_positions(self) -> np.ndarray:
+    """Input positions whose next-token prediction is answer byte m (teacher forcing)."""
+    return self.query + len(self.key) - 1 + np.arange(len(self.value))
+
+  def source_positions(self) -> np.ndarray:
+    """Positions of the value in the first record: the only place the answer can be read from."""
+    return self.pair + len(self.key) + np.arange(len(self.value))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecallDocument:
+  text: str
+  kind: str  # 'recall' | 'text'
+  queries: tuple[Query, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The validated `data.recall` fields plus the document length and text split they apply to."""
+  length: int
+  pairs: int
+  key_length: int
+  key_chars: int
+  value_length: int
+  value_chars: int
+  distance_ranges: tuple
+  distance_weights: tuple
+  text_fraction: float
+  documents: int
+  seed: int
+
+  @property
+  def record(self) -> int:
+    return self.key_length + self.value_length
+
+  @property
+  def probabilities(self) -> np.ndarray:
+    w = np.asarray(self.distance_weights, np.float64)
+    return w / w.sum()
+
+
+def _fail(key, value, allowed):
+  raise ConfigError(f'config.data.recall.{key}={value!r} is invalid: {allowed}')
+
+
+def _int(r, key, low):
+  value = r[key]
+  if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    _fail(key, value, f'must be an integer >= {low}')
+  return value
+
+
+def settings(data_cfg) -> Settings:
+  """The recall fields of `data_cfg`, checked; ConfigError naming the field otherwise."""
+  r = data_cfg.recall
+  if data_cfg.tokenizer != 'byte':
+    raise ConfigError(f"config.data.tokenizer={data_cfg.tokenizer!r} is invalid with data.source='recall': use "
+                      "'byte' (distances and one document per row are counted in bytes)")
+  length = int(data_cfg.seq_len)
+  pairs, klen, vlen = _int(r, 'pairs', 1), _int(r, 'key_length', 1), _int(r, 'value_length', 1)
+  kchars, vchars = _int(r, 'key_chars', 1), _int(r, 'value_chars', 2)
+  if kchars > 26:
+    _fail('key_chars', kchars, 'must be <= 26 (upper-case letters)')
+  if vchars > 10:
+    _fail('value_chars', vchars, 'must be <= 10 (digits)')
+  if kchars ** klen < pairs:
+    _fail('pairs', pairs, f'must be <= key_chars ** key_length = {kchars ** klen} (keys are unique in a document)')
+  record = klen + vlen
+  ranges = tuple(tuple(x) for x in r.distance_ranges) if all(
+      isinstance(x, (tuple, list)) for x in r.distance_ranges) else None
+  if not ranges or any(len(x) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+                       for x in ranges):
+    _fail('distance_ranges', r.distance_ranges, 'must be a non-empty tuple of (low, high) integer pairs')
+  for lo, hi in ranges:
+    if not record + 1 <= lo <= hi <= length - record:
+      _fail('distance_ranges', r.distance_ranges, f'each range must satisfy {record + 1} <= low <= high <= '
+            f'{length - record} (record of {record} characters plus a gap; data.seq_len={length})')
+  weights = tuple(r.distance_weights)
+  if len(weights) != len(ranges) or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0
+                                        for w in weights) or not sum(weights) > 0:
+    _fail('distance_weights', r.distance_weights, f'must be {len(ranges)} numbers >= 0 (one per distance range), '
+          'not all 0')
+  if 2 * pairs * (record + 1) > length // 2:
+    _fail('pairs', pairs, f'2 * pairs * (record + 1) = {2 * pairs * (record + 1)} must be <= data.seq_len / 2 = '
+          f'{length // 2}, so that the records leave room to place them at the drawn distances')
+  fraction = r.text_fraction
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+    _fail('text_fraction', fraction, 'must be in [0, 1)')
+  return Settings(length, pairs, klen, kchars, vlen, vchars, ranges, weights, float(fraction),
+                  _int(r, 'documents', 1), _int(r, 'seed', 0))
+
+
+def ascii_fold(text: str) -> str:
+  """Non-ASCII characters become '?', so characters, bytes and byte tokens coincide."""
+  return text.encode('ascii', errors='replace').decode('ascii')
+
+
+def _key(index: int, s: Settings) -> str:
+  letters = string.ascii_uppercase[:s.key_chars]
+  return ''.join(letters[(index // s.key_chars ** j) % s.key_chars] for j in range(s.key_length))
+
+
+def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
+  """(pair start, query start) per pair at freshly drawn distances, records apart by >= 1 character; None if the
+  random placement failed (the caller draws again)."""
+  buckets = rng.choice(len(s.distance_ranges), size=s.pairs, p=s.probabilities)
+  distances = [int(rng.integers(s.distance_ranges[b][0], s.distance_ranges[b][1] + 1)) for b in buckets]
+  taken = np.zeros(s.length + 1, bool)  # One guard cell so a record may end at the last character.
+  placed = [None] * s.pairs
+  span = s.record + 1  # The record and the gap after it.
+  for j in sorted(range(s.pairs), key=lambda j: -distances[j]):  # The longest are the hardest to place.
+    d = distances[j]
+    for _ in range(64):
+      p = int(rng.integers(0, s.length - d - s.record + 1))
+      q = p + d
+      lo_p, lo_q = max(p - 1, 0), max(q - 1, 0)
+      if not (taken[lo_p:p + span].any() or taken[lo_q:q + span].any()):
+        taken[p:p + s.record] = taken[q:q + s.record] = True
+        placed[j] = (p, q)
+        break
+    else:
+      return None
+  return placed
+
+
+class RecallSource:
+  """Recall documents mixed with built-in text; `len`, `[i] -> str` and `document(i)` (see the module doc)."""
+
+  def __init__(self, data_cfg, split: str):
+    if split not in _SPLITS:
+      raise ValueError(f"split={split!r} is invalid: use 'train' or 'eval'")
+    self.settings = settings(data_cfg)
+    self.split, self.eval_fraction = split, float(data_cfg.eval_fraction)
+    n = self.settings.documents
+    self._len = n if split == 'train' else max(1, math.ceil(n * self.eval_fraction))
+    self._text = None  # The built-in corpus, opened on first use (not at all when text_fraction is 0).
+
+  def __len__(self):
+    return self._len
+
+  def _rng(self, index: int):
+    if not 0 <= index < self._len:
+      raise IndexError(f'document {index} is out of range for {self!r}')
+    return np.random.default_rng([self.settings.seed, _SPLITS[self.split], int(index)])
+
+  def document(self, index: int) -> RecallDocument:
+    """Document `index` with its queries (none for a text document)."""
+    s, rng = self.settings, self._rng(index)
+    if rng.random() < s.text_fraction:
+      return RecallDocument(self._text_document(rng), 'text')
+    for _ in range(_ATTEMPTS):
+      placed = _layout(rng, s)
+      if placed is not None:
+        break
+    else:
+      raise ConfigError(f'config.data.recall: {s.pairs} pairs at distances {s.distance_ranges} could not be placed '
+                        f'in {s.length} characters in {_ATTEMPTS} attempts; use fewer pairs or shorter distances')
+    keys = rng.choice(s.key_chars ** s.key_length, size=s.pairs, replace=False)
+    values = rng.integers(0, s.value_chars, size=(s.pairs, s.value_length))
+    offset = int(rng.integers(len(FILLER)))
+    chars = [FILLER[(offset + i) % len(FILLER)] for i in range(s.length)]
+    queries = []
+    for (p, q), k, v in zip(placed, keys, values):
+      query = Query(_key(int(k), s), ''.join(string.digits[x] for x in v), p, q)
+      record = query.key + query.value
+      chars[p:p + s.record] = chars[q:q + s.record] = record
+      queries.append(query)
+    queries.sort(key=lambda x: x.query)
+    return RecallDocument(''.join(chars), 'recall', tuple(queries))
+
+  def _text_document(self, rng) -> str:
+    from hybrid_jax.data import sources  # pylint: disable=g-import-not-at-top  (sources imports this module)
+    if self._text is None:
+      self._text = sources.BuiltinSource(self.split, self.eval_fraction)
+    n = len(self._text)
+    i = int(rng.integers(n))
+    first = ascii_fold(self._text[i])
+    parts = [first[int(rng.integers(max(1, len(first) - self.settings.length + 1))):]]
+    while sum(map(len, parts)) < self.settings.length:  # A short file continues with the next ones.
+      i = (i + 1) % n
+      parts.append('\n' + ascii_fold(self._text[i]))
+    return ''.join(parts)[:self.settings.length]
+
+  def __getitem__(self, index: int) -> str:
+    return self.document(int(index)).text
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    state['_text'] = None
+    return state
+
+  def __repr__(self):
+    return f'RecallSource(split={self.split!r}, documents={self._len}, settings={self.settings!r})'

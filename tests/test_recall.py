@@ -1,0 +1,126 @@
+"""The synthetic recall source (hybrid_jax.data.recall)."""
+
+import pickle
+import string
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hybrid_jax.config import ConfigError, validate
+from hybrid_jax.data import pipeline, recall
+from tests.test_data import assert_resumes_exactly, make_config
+
+RANGES = ((5, 12), (30, 60), (100, 180))
+WEIGHTS = (1.0, 2.0, 1.0)
+
+
+def recall_config(**fields):
+  c = make_config(source='recall', long_short_ratio=0.0)
+  c.data.seq_len = 256
+  c.data.recall.update(dict(distance_ranges=RANGES, distance_weights=WEIGHTS, text_fraction=0.0, pairs=6,
+                            documents=5000))
+  c.data.recall.update(fields)
+  return c
+
+
+def recall_documents(source, n):
+  return [source.document(i) for i in range(n)]
+
+
+def test_distances_follow_the_configured_distribution():
+  source = recall.RecallSource(recall_config().data, 'train')
+  distances = np.array([q.distance for d in recall_documents(source, 600) for q in d.queries])  # 3600 queries
+  bucket = np.full(distances.shape, -1)
+  for j, (lo, hi) in enumerate(RANGES):
+    bucket[(distances >= lo) & (distances <= hi)] = j
+  assert (bucket >= 0).all()  # Every distance lies in a configured range.
+  # Range counts against the weights, then distances inside each range against the uniform: chi-square tests at
+  # p > 0.001. Under a correct generator the statistic is chi-square distributed, so a random seed fails with
+  # probability 0.001; the seed is fixed, so the test is deterministic. Weights (1, 2, 2) instead of (1, 2, 1), or a
+  # triangular draw inside a range, give p < 1e-10 at this sample size.
+  counts = np.bincount(bucket, minlength=len(RANGES))
+  expected = np.asarray(WEIGHTS) / sum(WEIGHTS) * len(distances)
+  assert stats.chisquare(counts, expected).pvalue > 1e-3, counts
+  for j, (lo, hi) in enumerate(RANGES):
+    inside = np.bincount(distances[bucket == j] - lo, minlength=hi - lo + 1)
+    assert stats.chisquare(inside).pvalue > 1e-3, (j, inside)
+
+
+def test_the_answer_is_recoverable_only_from_its_stated_position():
+  config = recall_config(key_length=2, key_chars=5, value_length=3, distance_ranges=((6, 12), (30, 60), (100, 180)))
+  source = recall.RecallSource(config.data, 'train')
+  s = source.settings
+  for doc in recall_documents(source, 200):
+    assert doc.kind == 'recall' and len(doc.text) == 256 and doc.text.isascii()
+    assert len(doc.queries) == s.pairs and len({q.key for q in doc.queries}) == s.pairs
+    upper = [i for i, c in enumerate(doc.text) if c in string.ascii_uppercase]
+    starts = sorted(p for q in doc.queries for p in (q.pair, q.query))
+    # Upper-case letters occur only as the keys of records: the pair and the query of each key, nowhere else.
+    assert upper == sorted(p + k for p in starts for k in range(s.key_length))
+    for q in doc.queries:
+      assert len(q.key) == 2 and set(q.key) <= set('ABCDE') and len(q.value) == 3
+      assert doc.text.count(q.key) == 2 and doc.text.find(q.key) == q.pair  # Once before its query.
+      assert doc.text[q.query:q.query + s.record] == q.key + q.value
+      assert doc.text[q.pair:q.pair + s.record] == q.key + q.value
+      assert ''.join(doc.text[i] for i in q.source_positions()) == q.value
+      # Teacher forcing: the input at answer position m is followed by answer byte m.
+      assert ''.join(doc.text[i + 1] for i in q.answer_positions()) == q.value
+      assert doc.text[q.answer_positions()[0]] == q.key[-1]
+
+
+def test_documents_are_deterministic_and_splits_differ():
+  config = recall_config(text_fraction=0.5)
+  a, b = recall.RecallSource(config.data, 'train'), recall.RecallSource(config.data, 'train')
+  assert repr(a) == repr(b) and 'RecallSource' in repr(a)
+  for i in (0, 7, 4999, 123):
+    assert a[i] == b[i] == pickle.loads(pickle.dumps(a))[i]
+  held = recall.RecallSource(config.data, 'eval')
+  assert len(held) == 100  # ceil(5000 * eval_fraction 0.02)
+  assert [held[i] for i in range(20)] != [a[i] for i in range(20)]
+  kinds = [a.document(i).kind for i in range(400)]
+  assert 150 < kinds.count('text') < 250  # Binomial(400, 0.5): mean 200, sd 10.
+  for i in range(40):
+    assert len(a[i]) == 256 and a[i].isascii()
+  config.data.recall.seed = 1
+  assert [recall.RecallSource(config.data, 'train')[i] for i in range(5)] != [a[i] for i in range(5)]
+
+
+def test_every_training_row_is_one_document():
+  config = recall_config(text_fraction=0.3)
+  config.train.batch_size = 4
+  source = recall.RecallSource(config.data, 'train')
+  texts = {source[i] for i in range(len(source))}
+  it = iter(pipeline.make_train_dataset(config))
+  for _ in range(3):
+    b = next(it)
+    assert (b['targets'][:, -1] == 256).all()  # Each row ends with its document's EOS.
+    for row in b['inputs']:
+      assert bytes(row.astype(np.uint8)).decode('ascii') in texts
+
+
+def test_resume_mid_stream_gives_the_same_documents():
+  assert_resumes_exactly(recall_config(text_fraction=0.25), 3)
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('distance_ranges', ((2, 10),), 'distance_ranges'),
+    ('distance_ranges', ((30, 300),), 'distance_ranges'),
+    ('distance_ranges', (5, 10), 'distance_ranges'),
+    ('distance_weights', (1.0,), 'distance_weights'),
+    ('pairs', 30, 'pairs'),
+    ('text_fraction', 1.0, 'text_fraction'),
+    ('key_chars', 27, 'key_chars'),
+])
+def test_bad_settings_name_the_field(field, value, match):
+  c = recall_config()
+  c.data.recall[field] = value
+  with pytest.raises(ConfigError, match=f'config.data.recall.{match}'):
+    validate(c)
+
+
+def test_recall_needs_the_byte_tokenizer():
+  c = recall_config()
+  c.data.tokenizer = 'tok.model'
+  with pytest.raises(ConfigError, match='config.data.tokenizer'):
+    validate(c)
