@@ -110,6 +110,8 @@ def get_config(arg=None):
   # distance uniformly inside it (inclusive). A window of w tokens sees the answer iff distance <= w.
   rc.distance_ranges = ((6, 16), (40, 128), (160, 400))
   rc.distance_weights = (1.0, 1.0, 1.0)
+  # Text between the records, repeated from a random offset; no upper-case letters or digits (keys and values).
+  rc.filler = 'the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. '
   rc.text_fraction = 0.25  # Fraction of documents that are built-in text instead of recall.
   rc.documents = 1_000_000  # Training documents (held out: ceil(documents * eval_fraction), generated apart).
   rc.seed = 0  # Seeds the documents themselves (config.seed only orders them), so every run sees the same task.

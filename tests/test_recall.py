@@ -1,4 +1,4 @@
-"""The synthetic recall source (hybrid_jax.data.recall)."""
+"""The synthetic recall source (hybrid_jax.data.recall) and its scoring (hybrid_jax.eval.recall)."""
 
 import pickle
 import string
@@ -9,6 +9,7 @@ from scipy import stats
 
 from hybrid_jax.config import ConfigError, validate
 from hybrid_jax.data import pipeline, recall
+from hybrid_jax.eval import recall as recall_eval
 from tests.test_data import assert_resumes_exactly, make_config
 
 RANGES = ((5, 12), (30, 60), (100, 180))
@@ -111,6 +112,8 @@ def test_resume_mid_stream_gives_the_same_documents():
     ('pairs', 30, 'pairs'),
     ('text_fraction', 1.0, 'text_fraction'),
     ('key_chars', 27, 'key_chars'),
+    ('filler', 'the Sky is blue', 'filler'),
+    ('filler', '', 'filler'),
 ])
 def test_bad_settings_name_the_field(field, value, match):
   c = recall_config()
@@ -124,3 +127,69 @@ def test_recall_needs_the_byte_tokenizer():
   c.data.tokenizer = 'tok.model'
   with pytest.raises(ConfigError, match='config.data.tokenizer'):
     validate(c)
+
+
+def test_score_by_bucket_hand_computed():
+  # Edges (0, 16, 128): bucket 0 holds distances 1..16 (a 16-token window sees them), bucket 1 holds 17..128.
+  correct = np.array([[True, False, True], [True, True, False]])
+  distances = np.array([[16, 17, 3], [128, 200, 40]])
+  result = recall_eval.score(correct, distances, [0, 16, 128])
+  assert result['accuracy'] == pytest.approx(4 / 6) and result['queries'] == 6
+  assert result['buckets'] == [
+      {'low': 0, 'high': 16, 'queries': 2, 'correct': 2, 'accuracy': 1.0},  # 16 and 3
+      {'low': 16, 'high': 128, 'queries': 3, 'correct': 1, 'accuracy': pytest.approx(1 / 3)},  # 17, 128, 40
+  ]  # 200 lies beyond the last edge: counted overall, in no bucket.
+  assert recall_eval.score(correct, distances, [0, 2, 3])['buckets'][0]['accuracy'] is None
+
+
+def test_held_out_arrays_match_the_documents():
+  c = recall_config(text_fraction=0.5)
+  held = recall_eval.held_out(c.data, 5)
+  source = recall.RecallSource(c.data, 'eval')
+  for n, i in enumerate(held.ids):
+    doc = source.document(i)
+    assert doc.kind == 'recall'
+    assert bytes(held.tokens[n].astype(np.uint8)).decode() == doc.text
+    for j, q in enumerate(doc.queries):
+      assert held.distances[n, j] == q.distance
+      assert ''.join(map(chr, held.answers[n, j])) == q.value
+      assert ''.join(doc.text[p + 1] for p in held.answer_positions[n, j]) == q.value
+
+
+def test_recall_eval_matches_the_model_forward(tiny_recall_model):
+  """Correct = argmax of the model's own forward pass at every answer position; the record mass is a fraction."""
+  model_def, params, c = tiny_recall_model
+  held = recall_eval.held_out(c.data, 6)
+  edges = [0, 8, 30, 60]
+  result = recall_eval.RecallEval(model_def, c.model, held, edges, batch_size=4)(params)
+  logits = np.asarray(model_def.bind(params)(held.tokens))
+  pred = np.take_along_axis(logits.argmax(-1)[:, None, :], held.answer_positions.reshape(6, 1, -1), 2)
+  correct = np.all(pred.reshape(held.answers.shape) == held.answers, axis=-1)
+  assert result == {**recall_eval.score(correct, held.distances, edges), 'layers': result['layers']}
+  assert [l['index'] for l in result['layers']] == [0, 1]
+  for layer in result['layers']:
+    assert all(0.0 <= m <= 1.0 for bucket in layer['mass'] for m in bucket)
+
+
+@pytest.fixture(scope='module')
+def tiny_recall_model():
+  from hybrid_jax.train import state
+  from tests.conftest import small_config
+  c = small_config()  # 64-token rows
+  c.data.update(recall_config().data)
+  c.data.seq_len = 64
+  c.data.recall.update(dict(distance_ranges=((4, 8), (12, 30), (34, 60)), pairs=2))
+  validate(c)
+  model_def, params = state.init_model(c.model, 0)
+  return model_def, params, c
+
+
+def test_probe_metrics_flatten_buckets_and_layers():
+  from hybrid_jax.analysis import callbacks
+  c = recall_config()
+  assert callbacks.recall_edges(c.data) == [0, 12, 60, 180]
+  result = {'accuracy': 0.5, 'buckets': [{'low': 0, 'high': 12, 'accuracy': 1.0}, {'low': 12, 'high': 60,
+                                                                                   'accuracy': None}],
+            'layers': [{'index': 1, 'mass': [[0.2, 0.7], None]}]}
+  assert callbacks.recall_metrics(result) == {'recall_accuracy': 0.5, 'recall_accuracy_0_12': 1.0,
+                                              'recall_mass_layer1_0_12': 0.7}

@@ -6,6 +6,10 @@ run's metrics (prefix 'probe'):
   the answer, see needle_probe.py) on fixed prompts of the study's generator;
 - retrieval_top_score (with retrieval_top_layer / retrieval_top_head): the best attention-mass retrieval score
   among the heads of the full-attention layers (absent when the model has none);
+- with data.source='recall', on 8 * train.retrieval_probe_samples held-out recall documents (hybrid_jax.eval.recall),
+  bucketed by the configured distance ranges (edges 0 and each range's upper end): recall_accuracy,
+  recall_accuracy_<lo>_<hi>, and recall_mass_layer<i>_<lo>_<hi>, the best head's attention mass on the pair's
+  record, for every attention layer i, so each full-attention layer's retrieval head is seen forming;
 - seconds: the probe's own wall time, so its cost shows next to train/step_time_s.
 
 The prompts are built once, with a 7-digit value per prompt, seeded by config.seed; one jitted forward pass over
@@ -21,6 +25,12 @@ from hybrid_jax.config import ConfigError
 from hybrid_jax.data.tokenizers import get_tokenizer
 
 DEPTHS = (0.1, 0.5, 0.9)
+RECALL_DOCUMENTS_PER_SAMPLE = 8
+
+
+def recall_edges(data_cfg) -> list[int]:
+  """The probe's distance buckets: 0 and the upper end of every configured distance range."""
+  return sorted({0, *(int(hi) for _, hi in data_cfg.recall.distance_ranges)})
 
 
 class RetrievalProbe:
@@ -40,6 +50,11 @@ class RetrievalProbe:
     self.batch = needles.batch([needles.encode(s, tokenizer) for s in samples], pad_id=tokenizer.eos_id)
     self.probe = needle_probe.NeedleProbe(model_def, config.model, mesh=mesh)
     self.full_rows = [i for i, layer in enumerate(self.probe.layers) if layer.role == 'full']
+    self.recall = None
+    if config.data.source == 'recall':
+      from hybrid_jax.eval import recall  # pylint: disable=g-import-not-at-top
+      held = recall.held_out(config.data, RECALL_DOCUMENTS_PER_SAMPLE * int(t.retrieval_probe_samples))
+      self.recall = recall.RecallEval(model_def, config.model, held, recall_edges(config.data), mesh=mesh)
 
   def __call__(self, params) -> dict:
     tic = time.perf_counter()
@@ -53,8 +68,23 @@ class RetrievalProbe:
       row, head = np.unravel_index(int(np.argmax(mass)), mass.shape)
       metrics.update(retrieval_top_score=float(mass[row, head]),
                      retrieval_top_layer=self.probe.layers[self.full_rows[row]].index, retrieval_top_head=int(head))
+    if self.recall is not None:
+      metrics.update(recall_metrics(self.recall(params)))
     metrics['seconds'] = time.perf_counter() - tic
     return metrics
+
+
+def recall_metrics(result: dict) -> dict:
+  """Flat probe metrics of a RecallEval result (buckets without queries are left out)."""
+  metrics = {'recall_accuracy': result['accuracy']}
+  for j, b in enumerate(result['buckets']):
+    if b['accuracy'] is None:
+      continue
+    name = f"{b['low']}_{b['high']}"
+    metrics[f'recall_accuracy_{name}'] = b['accuracy']
+    for layer in result['layers']:
+      metrics[f"recall_mass_layer{layer['index']}_{name}"] = float(max(layer['mass'][j]))
+  return metrics
 
 
 def make_retrieval_probe(config, model_def, mesh=None):

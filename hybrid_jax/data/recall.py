@@ -6,8 +6,8 @@ controlled distance.
 
 A recall document is multi-query associative recall written as text, exactly `data.seq_len` ASCII characters:
 `pairs` records `KEYVALUE` (keys of `key_length` upper-case letters from the first `key_chars` letters, unique in
-the document; values of `value_length` digits from the first `value_chars` digits) sit in a lower-case filler
-sentence, and each key comes back once later as the same record, whose value the model can only copy from the
+the document; values of `value_length` digits from the first `value_chars` digits) sit in `filler` (repeated
+from a random offset; no upper-case letters or digits, so keys occur nowhere else), and each key comes back once later as the same record, whose value the model can only copy from the
 first occurrence (one pair per document is a needle-in-a-haystack document). The distance of a query is
 query start - pair start, in tokens (= characters: byte tokenizer, ASCII); it is drawn per pair: a range of
 `distance_ranges` with probability proportional to `distance_weights`, then uniform inside it. The answer byte m is
@@ -31,7 +31,6 @@ import numpy as np
 
 from hybrid_jax.config import ConfigError
 
-FILLER = 'the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. '
 _SPLITS = {'train': 0, 'eval': 1}
 _ATTEMPTS = 100  # Layouts tried per document before the settings are called impossible.
 
@@ -78,6 +77,7 @@ class Settings:
   text_fraction: float
   documents: int
   seed: int
+  filler: str
 
   @property
   def record(self) -> int:
@@ -136,8 +136,13 @@ def settings(data_cfg) -> Settings:
   fraction = r.text_fraction
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
     _fail('text_fraction', fraction, 'must be in [0, 1)')
+  filler = r.filler
+  if not isinstance(filler, str) or not filler or not filler.isascii() or any(
+      c.isupper() or c.isdigit() for c in filler):
+    _fail('filler', filler, 'must be non-empty ASCII text without upper-case letters or digits (those are keys and '
+          'values)')
   return Settings(length, pairs, klen, kchars, vlen, vchars, ranges, weights, float(fraction),
-                  _int(r, 'documents', 1), _int(r, 'seed', 0))
+                  _int(r, 'documents', 1), _int(r, 'seed', 0), filler)
 
 
 def ascii_fold(text: str) -> str:
@@ -207,8 +212,8 @@ class RecallSource:
                         f'in {s.length} characters in {_ATTEMPTS} attempts; use fewer pairs or shorter distances')
     keys = rng.choice(s.key_chars ** s.key_length, size=s.pairs, replace=False)
     values = rng.integers(0, s.value_chars, size=(s.pairs, s.value_length))
-    offset = int(rng.integers(len(FILLER)))
-    chars = [FILLER[(offset + i) % len(FILLER)] for i in range(s.length)]
+    offset = int(rng.integers(len(s.filler)))
+    chars = [s.filler[(offset + i) % len(s.filler)] for i in range(s.length)]
     queries = []
     for (p, q), k, v in zip(placed, keys, values):
       query = Query(_key(int(k), s), ''.join(string.digits[x] for x in v), p, q)
