@@ -97,7 +97,7 @@ def get_config(arg=None):
   d.eval_fraction = 0.02  # 'builtin' / 'files' / 'parquet': fraction of documents held out (stable by hash).
   d.shuffle = True  # Shuffle documents each epoch (seeded).
   d.worker_count = 0  # grain worker processes (0 = in the main process).
-  # 'recall': multi-query associative recall documents (KEYVALUE records in a filler sentence, each key asked
+  # 'recall': multi-query associative recall documents (VALUEKEY pairs in a filler sentence, each key asked
   # again later), every one data.seq_len bytes long, mixed with built-in text (hybrid_jax/data/recall.py). Needs
   # the byte tokenizer; set data.long_short_ratio=0 so the text fraction below is the mixture's.
   rc = d.recall = ml_collections.ConfigDict()
@@ -106,8 +106,9 @@ def get_config(arg=None):
   rc.key_chars = 26  # Keys use the first key_chars upper-case letters (unique within a document).
   rc.value_length = 2  # Characters per value (the answer).
   rc.value_chars = 10  # Values use the first value_chars digits.
-  # Query start - pair start, in tokens: a range is picked with probability proportional to its weight, then a
-  # distance uniformly inside it (inclusive). A window of w tokens sees the answer iff distance <= w.
+  # Distance from the pair's key to the query's key in tokens, both counted (a window of w tokens, the query
+  # included, sees the pair iff distance <= w): a range is picked with probability proportional to its weight,
+  # then a distance uniformly inside it (inclusive).
   rc.distance_ranges = ((6, 16), (40, 128), (160, 400))
   rc.distance_weights = (1.0, 1.0, 1.0)
   # Text between the records, repeated from a random offset; no upper-case letters or digits (keys and values).

@@ -49,21 +49,23 @@ def test_distances_follow_the_configured_distribution():
 
 
 def test_the_answer_is_recoverable_only_from_its_stated_position():
-  config = recall_config(key_length=2, key_chars=5, value_length=3, distance_ranges=((6, 12), (30, 60), (100, 180)))
+  config = recall_config(key_length=2, key_chars=5, value_length=3)
   source = recall.RecallSource(config.data, 'train')
   s = source.settings
   for doc in recall_documents(source, 200):
     assert doc.kind == 'recall' and len(doc.text) == 256 and doc.text.isascii()
     assert len(doc.queries) == s.pairs and len({q.key for q in doc.queries}) == s.pairs
     upper = [i for i, c in enumerate(doc.text) if c in string.ascii_uppercase]
-    starts = sorted(p for q in doc.queries for p in (q.pair, q.query))
+    keys = sorted(p for q in doc.queries for p in (q.pair + s.value_length, q.query))
     # Upper-case letters occur only as the keys of records: the pair and the query of each key, nowhere else.
-    assert upper == sorted(p + k for p in starts for k in range(s.key_length))
+    assert upper == sorted(p + k for p in keys for k in range(s.key_length))
     for q in doc.queries:
       assert len(q.key) == 2 and set(q.key) <= set('ABCDE') and len(q.value) == 3
-      assert doc.text.count(q.key) == 2 and doc.text.find(q.key) == q.pair  # Once before its query.
+      assert doc.text.count(q.key) == 2 and doc.text.find(q.key) == q.pair + 3  # Once before its query.
+      assert doc.text[q.pair:q.pair + s.record] == q.value + q.key
       assert doc.text[q.query:q.query + s.record] == q.key + q.value
-      assert doc.text[q.pair:q.pair + s.record] == q.key + q.value
+      # Distance: from the pair's last key character to the query's, both counted.
+      assert q.distance == (q.query + 1) - (q.pair + 3 + 1) + 1
       assert ''.join(doc.text[i] for i in q.source_positions()) == q.value
       # Teacher forcing: the input at answer position m is followed by answer byte m.
       assert ''.join(doc.text[i + 1] for i in q.answer_positions()) == q.value
@@ -105,8 +107,8 @@ def test_resume_mid_stream_gives_the_same_documents():
 
 
 @pytest.mark.parametrize('field, value, match', [
-    ('distance_ranges', ((2, 10),), 'distance_ranges'),
-    ('distance_ranges', ((30, 300),), 'distance_ranges'),
+    ('distance_ranges', ((2, 10),), 'distance_ranges'),  # below key_length + 2
+    ('distance_ranges', ((30, 253),), 'distance_ranges'),  # above seq_len - key_length - 2 * value_length + 1
     ('distance_ranges', (5, 10), 'distance_ranges'),
     ('distance_weights', (1.0,), 'distance_weights'),
     ('pairs', 30, 'pairs'),
@@ -131,15 +133,18 @@ def test_recall_needs_the_byte_tokenizer():
 
 def test_score_by_bucket_hand_computed():
   # Edges (0, 16, 128): bucket 0 holds distances 1..16 (a 16-token window sees them), bucket 1 holds 17..128.
-  correct = np.array([[True, False, True], [True, True, False]])
+  # Two answer bytes per query; a query is correct when both are.
+  byte_correct = np.array([[[1, 1], [1, 0], [1, 1]], [[1, 1], [1, 1], [0, 0]]], bool)
   distances = np.array([[16, 17, 3], [128, 200, 40]])
-  result = recall_eval.score(correct, distances, [0, 16, 128])
+  result = recall_eval.score(byte_correct, distances, [0, 16, 128])
   assert result['accuracy'] == pytest.approx(4 / 6) and result['queries'] == 6
+  assert result['byte_accuracy'] == pytest.approx(9 / 12)
   assert result['buckets'] == [
-      {'low': 0, 'high': 16, 'queries': 2, 'correct': 2, 'accuracy': 1.0},  # 16 and 3
-      {'low': 16, 'high': 128, 'queries': 3, 'correct': 1, 'accuracy': pytest.approx(1 / 3)},  # 17, 128, 40
+      {'low': 0, 'high': 16, 'queries': 2, 'correct': 2, 'accuracy': 1.0, 'byte_accuracy': 1.0},  # 16 and 3
+      {'low': 16, 'high': 128, 'queries': 3, 'correct': 1, 'accuracy': pytest.approx(1 / 3),
+       'byte_accuracy': pytest.approx(3 / 6)},  # 17, 128, 40
   ]  # 200 lies beyond the last edge: counted overall, in no bucket.
-  assert recall_eval.score(correct, distances, [0, 2, 3])['buckets'][0]['accuracy'] is None
+  assert recall_eval.score(byte_correct, distances, [0, 2, 3])['buckets'][0]['accuracy'] is None
 
 
 def test_held_out_arrays_match_the_documents():
@@ -164,8 +169,8 @@ def test_recall_eval_matches_the_model_forward(tiny_recall_model):
   result = recall_eval.RecallEval(model_def, c.model, held, edges, batch_size=4)(params)
   logits = np.asarray(model_def.bind(params)(held.tokens))
   pred = np.take_along_axis(logits.argmax(-1)[:, None, :], held.answer_positions.reshape(6, 1, -1), 2)
-  correct = np.all(pred.reshape(held.answers.shape) == held.answers, axis=-1)
-  assert result == {**recall_eval.score(correct, held.distances, edges), 'layers': result['layers']}
+  byte_correct = pred.reshape(held.answers.shape) == held.answers
+  assert result == {**recall_eval.score(byte_correct, held.distances, edges), 'layers': result['layers']}
   assert [l['index'] for l in result['layers']] == [0, 1]
   for layer in result['layers']:
     assert all(0.0 <= m <= 1.0 for bucket in layer['mass'] for m in bucket)

@@ -1,15 +1,18 @@
 """The during-training retrieval probe: watch retrieval heads form while the model trains.
 
 The study traced saved checkpoints afterwards; this probe logs, every `train.retrieval_probe_every` steps, to the
-run's metrics (prefix 'probe'):
+run's metrics (prefix 'probe'), on needle prompts (any source but 'recall'):
 - niah_accuracy and niah_accuracy_depth_<d> for needle depths 0.1, 0.5 and 0.9 (teacher-forced greedy match of
   the answer, see needle_probe.py) on fixed prompts of the study's generator;
 - retrieval_top_score (with retrieval_top_layer / retrieval_top_head): the best attention-mass retrieval score
   among the heads of the full-attention layers (absent when the model has none);
-- with data.source='recall', on 8 * train.retrieval_probe_samples held-out recall documents (hybrid_jax.eval.recall),
-  bucketed by the configured distance ranges (edges 0 and each range's upper end): recall_accuracy,
-  recall_accuracy_<lo>_<hi>, and recall_mass_layer<i>_<lo>_<hi>, the best head's attention mass on the pair's
-  record, for every attention layer i, so each full-attention layer's retrieval head is seen forming;
+or, with data.source='recall', on 8 * train.retrieval_probe_samples held-out recall documents instead (the task
+the model trains on; hybrid_jax.eval.recall), bucketed by the configured distance ranges (edges 0 and each
+range's upper end):
+- recall_accuracy and recall_accuracy_<lo>_<hi>;
+- recall_mass_layer<i>_<lo>_<hi>: the best head's attention mass on the pair's record, for every attention layer i,
+  so each full-attention layer's retrieval head is seen forming;
+and always
 - seconds: the probe's own wall time, so its cost shows next to train/step_time_s.
 
 The prompts are built once, with a 7-digit value per prompt, seeded by config.seed; one jitted forward pass over
@@ -38,6 +41,12 @@ class RetrievalProbe:
 
   def __init__(self, config, model_def, mesh=None):
     t = config.train
+    self.recall = None
+    if config.data.source == 'recall':
+      from hybrid_jax.eval import recall  # pylint: disable=g-import-not-at-top
+      held = recall.held_out(config.data, RECALL_DOCUMENTS_PER_SAMPLE * int(t.retrieval_probe_samples))
+      self.recall = recall.RecallEval(model_def, config.model, held, recall_edges(config.data), mesh=mesh)
+      return
     self.length = int(t.retrieval_probe_length or config.data.seq_len)
     tokenizer = get_tokenizer(config.data.tokenizer)
     try:
@@ -50,14 +59,11 @@ class RetrievalProbe:
     self.batch = needles.batch([needles.encode(s, tokenizer) for s in samples], pad_id=tokenizer.eos_id)
     self.probe = needle_probe.NeedleProbe(model_def, config.model, mesh=mesh)
     self.full_rows = [i for i, layer in enumerate(self.probe.layers) if layer.role == 'full']
-    self.recall = None
-    if config.data.source == 'recall':
-      from hybrid_jax.eval import recall  # pylint: disable=g-import-not-at-top
-      held = recall.held_out(config.data, RECALL_DOCUMENTS_PER_SAMPLE * int(t.retrieval_probe_samples))
-      self.recall = recall.RecallEval(model_def, config.model, held, recall_edges(config.data), mesh=mesh)
 
   def __call__(self, params) -> dict:
     tic = time.perf_counter()
+    if self.recall is not None:
+      return {**recall_metrics(self.recall(params)), 'seconds': time.perf_counter() - tic}
     stats = self.probe(params, self.batch)
     correct = stats['correct'].astype(float)
     metrics = {'niah_accuracy': float(correct.mean())}
@@ -68,8 +74,6 @@ class RetrievalProbe:
       row, head = np.unravel_index(int(np.argmax(mass)), mass.shape)
       metrics.update(retrieval_top_score=float(mass[row, head]),
                      retrieval_top_layer=self.probe.layers[self.full_rows[row]].index, retrieval_top_head=int(head))
-    if self.recall is not None:
-      metrics.update(recall_metrics(self.recall(params)))
     metrics['seconds'] = time.perf_counter() - tic
     return metrics
 

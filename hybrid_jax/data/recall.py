@@ -5,14 +5,19 @@ question (where does long-range retrieval live in a hybrid?) cannot be asked. He
 controlled distance.
 
 A recall document is multi-query associative recall written as text, exactly `data.seq_len` ASCII characters:
-`pairs` records `KEYVALUE` (keys of `key_length` upper-case letters from the first `key_chars` letters, unique in
-the document; values of `value_length` digits from the first `value_chars` digits) sit in `filler` (repeated
-from a random offset; no upper-case letters or digits, so keys occur nowhere else), and each key comes back once later as the same record, whose value the model can only copy from the
-first occurrence (one pair per document is a needle-in-a-haystack document). The distance of a query is
-query start - pair start, in tokens (= characters: byte tokenizer, ASCII); it is drawn per pair: a range of
-`distance_ranges` with probability proportional to `distance_weights`, then uniform inside it. The answer byte m is
-predicted at position query + key_length - 1 + m and copied from position pair + key_length + m, distance - 1
-positions back: a window of w keys (the query itself included) sees it iff distance <= w.
+`pairs` records `VALUEKEY` (keys of `key_length` upper-case letters from the first `key_chars` letters, unique in
+the document; values of `value_length` digits from the first `value_chars` digits) sit in `filler` (repeated from
+a random offset; no upper-case letters or digits, so keys occur nowhere else), and each key comes back once later
+as the query `KEYVALUE`, whose value the model can only copy from the pair (one pair per document is a
+needle-in-a-haystack document). The value comes before the key in the pair so that retrieval is one content match:
+the query's key attends to the pair's key, where an earlier layer has gathered the value from the positions just
+before it (the key-then-value order of the query would need an induction circuit, which tiny models on a few
+hundred steps did not form; BENCHMARKS.md).
+
+The distance of a query, in tokens (= characters: byte tokenizer, ASCII), is from the pair's last key character to
+the query's last key character, counting both: the smallest window (the query itself included) through which the
+query's key sees the pair's key, so a window w sees it iff distance <= w. It is drawn per pair: a range of
+`distance_ranges` with probability proportional to `distance_weights`, then uniform inside it.
 
 A fraction `text_fraction` of the documents are ordinary text instead: seq_len characters of the built-in corpus
 (same train/eval split), non-ASCII characters folded to '?'. Every document then tokenizes to seq_len + 1 tokens
@@ -40,12 +45,12 @@ class Query:
   """One key-value pair and its query; positions are character (= token) offsets in the document."""
   key: str
   value: str
-  pair: int  # Start of the first record KEYVALUE.
-  query: int  # Start of the repeated record.
+  pair: int  # Start of the pair VALUEKEY.
+  query: int  # Start of the query KEYVALUE.
 
   @property
   def distance(self) -> int:
-    return self.query - self.pair
+    return self.query - self.pair - len(self.value) + 1
 
   def answer_positions(self) -> np.ndarray:
     """Input positions whose next-token prediction is answer byte m (teacher forcing)."""
@@ -53,7 +58,7 @@ class Query:
 
   def source_positions(self) -> np.ndarray:
     """Positions of the value in the first record: the only place the answer can be read from."""
-    return self.pair + len(self.key) + np.arange(len(self.value))
+    return self.pair + np.arange(len(self.value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,10 +126,11 @@ def settings(data_cfg) -> Settings:
   if not ranges or any(len(x) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in x)
                        for x in ranges):
     _fail('distance_ranges', r.distance_ranges, 'must be a non-empty tuple of (low, high) integer pairs')
+  low, high = klen + 2, length - klen - 2 * vlen + 1  # Records apart by a gap; both inside the document.
   for lo, hi in ranges:
-    if not record + 1 <= lo <= hi <= length - record:
-      _fail('distance_ranges', r.distance_ranges, f'each range must satisfy {record + 1} <= low <= high <= '
-            f'{length - record} (record of {record} characters plus a gap; data.seq_len={length})')
+    if not low <= lo <= hi <= high:
+      _fail('distance_ranges', r.distance_ranges, f'each range must satisfy {low} <= low <= high <= {high} '
+            f'(records of {record} characters apart by a gap inside data.seq_len={length})')
   weights = tuple(r.distance_weights)
   if len(weights) != len(ranges) or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0
                                         for w in weights) or not sum(weights) > 0:
@@ -164,7 +170,7 @@ def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
   placed = [None] * s.pairs
   span = s.record + 1  # The record and the gap after it.
   for j in sorted(range(s.pairs), key=lambda j: -distances[j]):  # The longest are the hardest to place.
-    d = distances[j]
+    d = distances[j] + s.value_length - 1  # Query start - pair start.
     for _ in range(64):
       p = int(rng.integers(0, s.length - d - s.record + 1))
       q = p + d
@@ -217,8 +223,8 @@ class RecallSource:
     queries = []
     for (p, q), k, v in zip(placed, keys, values):
       query = Query(_key(int(k), s), ''.join(string.digits[x] for x in v), p, q)
-      record = query.key + query.value
-      chars[p:p + s.record] = chars[q:q + s.record] = record
+      chars[p:p + s.record] = query.value + query.key
+      chars[q:q + s.record] = query.key + query.value
       queries.append(query)
     queries.sort(key=lambda x: x.query)
     return RecallDocument(''.join(chars), 'recall', tuple(queries))

@@ -2,12 +2,13 @@
 
 Held-out documents are regenerated with their queries (hybrid_jax.data.recall, eval split), fed as in training (the
 document's bytes, one row, no padding) and scored teacher-forced: a query is correct when the argmax prediction at
-every answer position equals the answer byte. Distances are bucketed by edges e_0 < e_1 < ...: bucket j holds
+every answer position equals the answer byte (byte accuracy, the fraction of answer bytes right, shows partial
+learning). Distances are bucketed by edges e_0 < e_1 < ...: bucket j holds
 e_j < distance <= e_{j+1}, so an edge equal to a window w splits queries that window sees (distance <= w) from
 those it cannot.
 
 The same forward pass gives, per attention layer and head, the attention mass that the query predicting the first
-answer byte puts on the pair's record KEYVALUE (the study's retrieval-head score, with the record as the needle),
+answer byte puts on the pair's record VALUEKEY (the study's retrieval-head score, with the record as the needle),
 averaged per bucket: a layer that retrieves the answer puts its mass there.
 """
 
@@ -63,16 +64,21 @@ def bucket_index(distances: np.ndarray, edges) -> np.ndarray:
   return np.where((distances > edges[0]) & (distances <= edges[-1]), j, -1)
 
 
-def score(correct: np.ndarray, distances: np.ndarray, edges) -> dict:
-  """Accuracy overall and per bucket of boolean `correct` [N, Q] against `distances` [N, Q]."""
-  correct, distances = np.asarray(correct, bool).ravel(), np.asarray(distances).ravel()
+def score(byte_correct: np.ndarray, distances: np.ndarray, edges) -> dict:
+  """Exact-match accuracy (every answer byte right) and byte accuracy, overall and per bucket, of boolean
+  `byte_correct` [N, Q, V] against `distances` [N, Q]."""
+  byte_correct = np.asarray(byte_correct, bool)
+  byte_correct = byte_correct.reshape(-1, byte_correct.shape[-1])
+  correct, distances = byte_correct.all(axis=-1), np.asarray(distances).ravel()
   index = bucket_index(distances, edges)
   buckets = []
   for j in range(len(edges) - 1):
-    hit = correct[index == j]
+    hit, bytes_ = correct[index == j], byte_correct[index == j]
     buckets.append({'low': int(edges[j]), 'high': int(edges[j + 1]), 'queries': int(hit.size),
-                    'correct': int(hit.sum()), 'accuracy': float(hit.mean()) if hit.size else None})
-  return {'accuracy': float(correct.mean()), 'queries': int(correct.size), 'buckets': buckets}
+                    'correct': int(hit.sum()), 'accuracy': float(hit.mean()) if hit.size else None,
+                    'byte_accuracy': float(bytes_.mean()) if hit.size else None})
+  return {'accuracy': float(correct.mean()), 'byte_accuracy': float(byte_correct.mean()),
+          'queries': int(correct.size), 'buckets': buckets}
 
 
 def _statistics(model_def, restriction, params, tokens, answer_positions, records):
@@ -104,7 +110,7 @@ class RecallEval:
     self._fn = jax.jit(lambda *a: _statistics(model_def, restriction, *a), out_shardings=replicated)
 
   def run(self, params) -> tuple[np.ndarray, np.ndarray]:
-    """(correct [N, Q] bool, record mass [attention layers, N, H, Q]) of every held-out query."""
+    """(byte correct [N, Q, V] bool, record mass [attention layers, N, H, Q]) of every held-out query."""
     h = self.held
     preds, masses = [], []
     for i in range(0, len(h.ids), self.batch_size):
@@ -113,10 +119,11 @@ class RecallEval:
                                       for x in (h.tokens, h.answer_positions, h.records)))
       preds.append(np.asarray(pred))
       masses.append(np.asarray(mass))
-    return np.all(np.concatenate(preds) == h.answers, axis=-1), np.concatenate(masses, axis=1)
+    return np.concatenate(preds) == h.answers, np.concatenate(masses, axis=1)
 
   def summary(self, correct, mass, edges=None) -> dict:
-    """{'accuracy', 'queries', 'buckets', 'layers': [{index, kind, role, mass: [bucket][head]}]} over `edges`
+    """{'accuracy', 'byte_accuracy', 'queries', 'buckets', 'layers': [{index, kind, role, mass: [bucket][head]}]}
+    over `edges`
     (default: this evaluator's); a bucket without queries has accuracy and mass None."""
     edges = self.edges if edges is None else [int(e) for e in edges]
     result = score(correct, self.held.distances, edges)
