@@ -1,5 +1,6 @@
 """The synthetic recall source (hybrid_jax.data.recall) and its scoring (hybrid_jax.eval.recall)."""
 
+import dataclasses
 import pickle
 import string
 
@@ -169,8 +170,14 @@ def test_recall_eval_matches_the_model_forward(tiny_recall_model):
   result = recall_eval.RecallEval(model_def, c.model, held, edges, batch_size=4)(params)
   logits = np.asarray(model_def.bind(params)(held.tokens))
   pred = np.take_along_axis(logits.argmax(-1)[:, None, :], held.answer_positions.reshape(6, 1, -1), 2)
-  byte_correct = pred.reshape(held.answers.shape) == held.answers
-  assert result == {**recall_eval.score(byte_correct, held.distances, edges), 'layers': result['layers']}
+  pred = pred.reshape(held.answers.shape)
+  assert result == {**recall_eval.score(pred == held.answers, held.distances, edges), 'layers': result['layers']}
+  # With the model's own predictions as answers every query is right; predictions at other positions differ
+  # (init_std 0.5 makes them vary), so an off-by-one in the scored positions would fail here.
+  own = recall_eval.RecallEval(model_def, c.model, dataclasses.replace(held, answers=pred), edges)(params)
+  assert own['accuracy'] == 1.0
+  shifted = np.take_along_axis(logits.argmax(-1)[:, None, :], held.answer_positions.reshape(6, 1, -1) + 1, 2)
+  assert (shifted.reshape(pred.shape) != pred).any()
   assert [l['index'] for l in result['layers']] == [0, 1]
   for layer in result['layers']:
     assert all(0.0 <= m <= 1.0 for bucket in layer['mass'] for m in bucket)
@@ -180,7 +187,7 @@ def test_recall_eval_matches_the_model_forward(tiny_recall_model):
 def tiny_recall_model():
   from hybrid_jax.train import state
   from tests.conftest import small_config
-  c = small_config()  # 64-token rows
+  c = small_config(init_std=0.5)  # 64-token rows; large weights so predictions vary with the input
   c.data.update(recall_config().data)
   c.data.seq_len = 64
   c.data.recall.update(dict(distance_ranges=((4, 8), (12, 30), (34, 60)), pairs=2))

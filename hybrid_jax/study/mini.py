@@ -361,7 +361,7 @@ def plot_report(report: dict, path) -> None:
         if curve:
           ax.plot(*zip(*curve), ('-', '--', ':', '-.')[k % 4], color=colors[label], marker='.',
                   label=f'{label} layer {layer}')
-    ax.set(title=f'retrieval-head score of each full layer, {BUCKETS[j]}', xlabel='step', ylim=(0, 1.05))
+    ax.set(title=f'retrieval-head score of each full layer\n{BUCKETS[j]}', xlabel='step', ylim=(0, 1.05))
   for ax in axes.ravel():
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
