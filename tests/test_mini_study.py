@@ -76,3 +76,17 @@ def test_mini_preset(tmp_path):
   """The real preset (about 30 minutes on 2 cores)."""
   assert mini.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
   _check_report(tmp_path, 'mini', seeds=mini.PRESETS['mini'].seeds)
+
+
+def test_verdicts_need_two_seeds_and_a_gap_beyond_the_spreads():
+  def arch(acc_beyond, drop_between, n):
+    spread = lambda m: {'mean': m, 'std': 0.05, 'values': [m] * n}
+    return {'accuracy': {b: spread(0.9 if b != mini.BUCKETS[2] else acc_beyond) for b in mini.BUCKETS},
+            'drop': {b: spread(drop_between) for b in mini.BUCKETS}}
+  one = {'SWA-128': arch(0.9, 0.8, 1), 'SWA-2048': arch(0.3, 0.0, 1)}
+  assert mini._verdicts(one, 1e-4, {})[0].startswith('One seed')
+  two = {'SWA-128': arch(0.9, 0.8, 2), 'SWA-2048': arch(0.3, 0.0, 2)}
+  lines = mini._verdicts(two, 1e-4, {})
+  assert 'hurts SWA-128' in lines[0] and 'laziness appears' in lines[1]
+  close = {'SWA-128': arch(0.9, 0.1, 2), 'SWA-2048': arch(0.85, 0.05, 2)}  # gaps inside the spreads
+  assert 'not established' in mini._verdicts(close, 1e-4, {})[1]
