@@ -73,7 +73,7 @@ def test_windows_and_distances_follow_the_preset():
 
 @pytest.mark.slow
 def test_mini_preset(tmp_path):
-  """The real preset (about 30 minutes on 2 cores)."""
+  """The real preset (about 21 minutes on 2 cores, BENCHMARKS.md)."""
   assert mini.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
   _check_report(tmp_path, 'mini', seeds=mini.PRESETS['mini'].seeds)
 
