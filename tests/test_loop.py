@@ -207,8 +207,11 @@ def test_the_readme_main_job_trains_and_reports(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   report = json.loads((tmp_path / 'report.json').read_text())
   assert report['name'] == 'swa128_nope_tiny' and report['status'] == 'completed' and report['steps'] == 300
-  losses = _losses(tmp_path)
-  assert np.mean([losses[s] for s in range(291, 301)]) < np.mean([losses[s] for s in range(1, 11)]) - 2.0
+  losses = _losses(tmp_path)  # Logged every 10 steps (train.log_every): steps 10, 20, ..., 300.
+  assert sorted(losses) == list(range(10, 301, 10))
+  last = np.mean([losses[s] for s in range(260, 301, 10)])
+  # Measured: 2.30 over the last 5 logged steps, against 5.55 (uniform over 257 bytes) and 4.63 at step 10.
+  assert last < np.log(257) - 2.5 and last < losses[10] - 1.5
   # Byte-level held-out loss well below uniform (ln 257 = 5.55); BENCHMARKS.md records 2.70 for this job.
   assert report['eval']['packed_loss'] < 3.0
   evals = [r['packed_loss'] for r in metrics.read_jsonl(tmp_path / 'metrics.jsonl') if r['kind'] == 'eval']
