@@ -199,7 +199,7 @@ def tiny_recall_model():
 def test_probe_metrics_flatten_buckets_and_layers():
   from hybrid_jax.analysis import callbacks
   c = recall_config()
-  assert callbacks.recall_edges(c.data) == [0, 12, 60, 180]
+  assert callbacks.recall_edges(c.data.recall.distance_ranges) == [0, 12, 60, 180]
   result = {'accuracy': 0.5, 'buckets': [{'low': 0, 'high': 12, 'accuracy': 1.0}, {'low': 12, 'high': 60,
                                                                                    'accuracy': None}],
             'layers': [{'index': 1, 'mass': [[0.2, 0.7], None]}]}

@@ -31,9 +31,9 @@ DEPTHS = (0.1, 0.5, 0.9)
 RECALL_DOCUMENTS_PER_SAMPLE = 8
 
 
-def recall_edges(data_cfg) -> list[int]:
-  """The probe's distance buckets: 0 and the upper end of every configured distance range."""
-  return sorted({0, *(int(hi) for _, hi in data_cfg.recall.distance_ranges)})
+def recall_edges(distance_ranges) -> list[int]:
+  """The probe's distance buckets: 0 and the upper end of every (low, high) distance range."""
+  return sorted({0, *(int(hi) for _, hi in distance_ranges)})
 
 
 class RetrievalProbe:
@@ -45,7 +45,8 @@ class RetrievalProbe:
     if config.data.source == 'recall':
       from hybrid_jax.eval import recall  # pylint: disable=g-import-not-at-top
       held = recall.held_out(config.data, RECALL_DOCUMENTS_PER_SAMPLE * int(t.retrieval_probe_samples))
-      self.recall = recall.RecallEval(model_def, config.model, held, recall_edges(config.data), mesh=mesh)
+      edges = recall_edges(config.data.recall.distance_ranges)
+      self.recall = recall.RecallEval(model_def, config.model, held, edges, mesh=mesh)
       return
     self.length = int(t.retrieval_probe_length or config.data.seq_len)
     tokenizer = get_tokenizer(config.data.tokenizer)

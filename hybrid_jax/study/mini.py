@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from hybrid_jax import command_line, runs as runs_lib, training
+from hybrid_jax.analysis import callbacks
 from hybrid_jax.analysis.windowed import Restriction
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.eval import recall as recall_eval
@@ -212,8 +213,8 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, progress: 
 
 
 def _probe_names(preset: Preset) -> list[str]:
-  """Probe metric suffix of each bucket of BUCKETS ('<lo>_<hi>', hybrid_jax.analysis.callbacks.recall_edges)."""
-  edges = sorted({0, *(int(hi) for _, hi in preset.distance_ranges)})
+  """Probe metric suffix of each bucket of BUCKETS ('<lo>_<hi>' over the probe's edges)."""
+  edges = callbacks.recall_edges(preset.distance_ranges)
   return [f'{lo}_{hi}' for lo, hi in zip(edges, edges[1:])]
 
 
