@@ -101,7 +101,8 @@ def test_missing_run_directory_is_one_line(tmp_path):
   _assert_user_error(_run('eval', '--workdir', str(tmp_path / 'nothing')), str(tmp_path / 'nothing'))
 
 
-@pytest.mark.parametrize('command', [['train', *TINY], ['eval'], ['analyze', 'retrieval-heads']])
+@pytest.mark.parametrize('command', [['train', *TINY], ['eval'], ['analyze', 'retrieval-heads'],
+                                     ['hf', 'import', str(ROOT / 'tests/data/hf/hf_llama_tied')]])
 def test_a_url_workdir_is_refused_without_making_a_local_folder(tmp_path, command):
   """pathlib folds gs://B/R into a local gs:/B/R; a run must never land there unnoticed."""
   out = _run(*command, '--workdir=gs://bucket/run1', cwd=tmp_path)

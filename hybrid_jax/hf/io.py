@@ -211,7 +211,8 @@ def import_hf(path, workdir, *, dtype: str = 'float32', table=None) -> dict:
   """
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  path, workdir = pathlib.Path(path), pathlib.Path(workdir)
+  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  path, workdir = pathlib.Path(path), runs.local_workdir(workdir)
   if (workdir / 'config.json').exists() or (workdir / 'checkpoints').exists():
     raise HFError(f'{workdir} already holds a run; import into a new directory')
   names = weights.read_table(table) if table else None
