@@ -17,7 +17,6 @@ from hybrid_jax.kernels import attention
 from hybrid_jax.kernels.attention import api
 from hybrid_jax.kernels.attention import config
 from hybrid_jax.kernels.attention import pallas_gpu
-from hybrid_jax.kernels.attention import pallas_tpu
 from hybrid_jax.kernels.attention import reference
 
 TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (5e-3, 1e-2)}  # (output, gradients) relative RMS

@@ -386,8 +386,8 @@ def main(argv=None) -> int:
     add_ratios(rows, args.baseline, ceiling)
     report.write()
     print(table(rows, args.baseline))
-    print(f'vs X: X ms / this ms in the same run (above 1: faster than X); vs fla: the first fla kernel listed per '
-          f'kernel; growth: fwd+bwd time ratio to the previous T.' + (f' Note: {FLA_NOTE}.' if args.fla else ''))
+    print('vs X: X ms / this ms in the same run (above 1: faster than X); vs fla: the first fla kernel listed per '
+          'kernel; growth: fwd+bwd time ratio to the previous T.' + (f' Note: {FLA_NOTE}.' if args.fla else ''))
     failed += sum('error' in r for r in rows)
   if args.json:
     print(f'wrote {args.json}')

@@ -264,7 +264,7 @@ def _flash_fwd(cfg, q, k, v):
 def _flash_bwd(cfg, res, do):
   q, k, v, o, lse = res
   b, tp, hq, d = q.shape
-  bq, bk, dq_q = cfg.blocks.bwd_q, cfg.blocks.bwd_k, cfg.blocks.dq_q
+  bk, dq_q = cfg.blocks.bwd_k, cfg.blocks.dq_q
   # Preprocessing: delta_i = rowsum(dO o O), once, shared by both kernels (memory-bound; XLA fuses it).
   delta = jnp.einsum('bthd,bthd->bht', do.astype(jnp.float32), o.astype(jnp.float32))
   tile, whole, kv_tile, kv_whole, row_tile, row_whole = _specs(q.shape, cfg)
