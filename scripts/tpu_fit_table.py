@@ -13,6 +13,7 @@ import datetime
 import importlib.metadata
 import json
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -83,7 +84,44 @@ def _write(out, rows, grid):
             f'This page holds {len(rows)} of the {grid} rows of the whole grid (every arch x S1-S5 '
             'at 16K and S5 at 32K, x v5p/v6e);\n`python scripts/tpu_fit_table.py` adds the rest, resuming from '
             'docs/TPU_FIT.json.\n\n')
-  out.write_text(header + compile_check.table(rows) + '\n')
+  out.write_text(header + glance(rows) + '\n\n' + compile_check.table(sorted(rows, key=_grid_order)) + '\n')
+
+
+def _grid_order(row):
+  """Context, then scale, then the arch order of configs/hybrid.py, then chip: the order a reader scans."""
+  from configs import hybrid
+  chip = next(c for c, scales in TOPOLOGIES.items() if row['target'] in scales.values())
+  return row['seq_len'], row['scale'], list(hybrid.ARCHES).index(row['arch']), list(TOPOLOGIES).index(chip)
+
+
+def _verdict(row):
+  """'yes', the verified change in short ('grad_accum=2', 'remat=full'), or 'no fit found'."""
+  if row.get('fits'):
+    return 'yes'
+  change = (row.get('fix') or {}).get('change')
+  if not change:
+    return 'no fit found'
+  return re.sub(r' \([^)]*\)', '', change).replace('train.', '').replace('model.', '').replace('parallel.', '')
+
+
+def glance(rows) -> str:
+  """One line per arch, one column per (scale, context): whether the study's step fits each chip as set, and if
+  not, the change that was verified to fit; `…` where the row has not been compiled yet."""
+  from configs import hybrid
+  chips = list(TOPOLOGIES)
+  columns = [(s, 16384) for s in TOPOLOGIES['v5p']] + [(s, 32768) for s in EXTENDED_SCALES]
+  by_key = {(r['arch'], r['scale'], r['seq_len'], r['target']): r for r in rows}
+  head = '| arch | ' + ' | '.join(f"{s.upper()} {t // 1024}K" for s, t in columns) + ' |'
+  slices = '; '.join(f"{s.upper()} on {' / '.join(TOPOLOGIES[c][s] for c in chips)}" for s in TOPOLOGIES['v5p'])
+  lines = [f"At a glance: does the step fit as the study sets it ({' / '.join(chips)})? Slices: {slices}.\n", head,
+           '|---|' + '---|' * len(columns)]
+  for arch in hybrid.ARCHES:
+    cells = []
+    for scale, seq_len in columns:
+      found = [by_key.get((arch, scale, seq_len, TOPOLOGIES[c][scale])) for c in chips]
+      cells.append(' / '.join(_verdict(r) if r else '…' for r in found))
+    lines.append(f"| {arch} | {' | '.join(cells)} |")
+  return '\n'.join(lines)
 
 
 if __name__ == '__main__':

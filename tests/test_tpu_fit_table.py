@@ -1,0 +1,66 @@
+"""scripts/tpu_fit_table.py: the committed docs/TPU_FIT.md is what its rows render to, and the at-a-glance matrix
+says per chip whether each (arch, scale, context) fits, which change made it fit, or that it was not compiled."""
+
+import importlib.util
+import re
+
+from tests.conftest import ROOT
+
+
+def _script():
+  spec = importlib.util.spec_from_file_location('tpu_fit_table', ROOT / 'scripts' / 'tpu_fit_table.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _without_date(text):
+  return re.sub(r'Generated \d{4}-\d\d-\d\d', 'Generated DATE', text)
+
+
+def test_the_committed_table_is_what_its_rows_render_to(tmp_path):
+  out = tmp_path / 'TPU_FIT.md'
+  (tmp_path / 'TPU_FIT.json').write_text((ROOT / 'docs' / 'TPU_FIT.json').read_text())
+  _script().main(['--render-only', f'--out={out}'])
+  assert _without_date(out.read_text()) == _without_date((ROOT / 'docs' / 'TPU_FIT.md').read_text())
+
+
+def _row(arch, scale, target, fits, change=None, seq_len=16384):
+  row = {'arch': arch, 'scale': scale, 'seq_len': seq_len, 'target': target, 'fits': fits}
+  if fits is False:
+    row['fix'] = {'change': change} if change else {'tried': []}
+  return row
+
+
+def test_the_glance_matrix_gives_each_chip_its_verdict_in_the_study_order():
+  script = _script()
+  rows = [_row('gdn', 's2', 'v6e:2x4', False, 'train.grad_accum=2 (micro-batch 4 per chip)'),
+          _row('gdn', 's2', 'v5p:2x2x1', True),
+          _row('full', 's5', 'v6e:4x8', False, 'train.grad_accum=32 (micro-batch 1 per chip), model.remat=full'),
+          _row('full', 's5', 'v5p:2x4x4', False),
+          _row('full', 's5', 'v5p:2x4x4', True, seq_len=32768)]
+  lines = script.glance(rows).splitlines()
+  assert lines[2] == '| arch | S1 16K | S2 16K | S3 16K | S4 16K | S5 16K | S5 32K |'
+  table = {line.split(' | ')[0].strip('| '): [c.strip() for c in line.strip('|').split('|')[1:]]
+           for line in lines[4:]}
+  assert list(table) == list(_hybrid_arches())
+  assert table['gdn'][1] == 'yes / grad_accum=2'
+  assert table['full'][4] == 'no fit found / grad_accum=32, remat=full'
+  assert table['full'][5] == 'yes / …'
+  assert table['gdn'][0] == table['full'][0] == '… / …'
+
+
+def test_the_detail_rows_are_ordered_by_context_scale_arch_and_chip():
+  script = _script()
+  rows = [_row('gdn', 's1', 'v6e:2x4', True), _row('full', 's5', 'v5p:2x4x4', True, seq_len=32768),
+          _row('full', 's2', 'v5p:2x2x1', True), _row('gdn', 's1', 'v5p:2x2x1', True),
+          _row('full', 's1', 'v6e:2x4', True)]
+  ordered = [(r['seq_len'], r['scale'], r['arch'], r['target']) for r in sorted(rows, key=script._grid_order)]
+  assert ordered == [(16384, 's1', 'full', 'v6e:2x4'), (16384, 's1', 'gdn', 'v5p:2x2x1'),
+                     (16384, 's1', 'gdn', 'v6e:2x4'), (16384, 's2', 'full', 'v5p:2x2x1'),
+                     (32768, 's5', 'full', 'v5p:2x4x4')]
+
+
+def _hybrid_arches():
+  from configs import hybrid
+  return hybrid.ARCHES
