@@ -105,11 +105,12 @@ def cmd_compile_check(args, config):
   for r in tight:
     peak = r.get('per_device_bytes', {}).get('peak')
     need = f'needs {peak / 2**30:.2f} GiB per device' if peak else r.get('error', 'does not fit')
-    fix = r.get('fix', {}).get('change')
+    fix = r.get('fix', {})
+    flags = ' '.join(f'--config.{k}={v}' for k, v in fix.get('overrides', {}).items())
     over = f", over the limit of {r['hbm_bytes'] / 2**30:.2f} GiB" if r.get('hbm_bytes') else ''
-    print(f"error: {r['arch']} {r['scale']} on {r['target']}: the train step {need}{over}; "
-          + (f'fits with {fix}' if fix else 'raise parallel.fsdp / parallel.tensor, lower train.batch_size, '
-             'raise train.grad_accum or set model.remat'), file=sys.stderr)
+    advice = (f"fits with {fix['change']}: add {flags}" if 'change' in fix else
+              'raise parallel.fsdp / parallel.tensor, lower train.batch_size, raise train.grad_accum or set model.remat')
+    print(f"error: {r['arch']} {r['scale']} on {r['target']}: the train step {need}{over}; {advice}", file=sys.stderr)
   return 3 if tight else 0
 
 

@@ -13,7 +13,6 @@ import datetime
 import importlib.metadata
 import json
 import pathlib
-import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -24,7 +23,8 @@ TOPOLOGIES = {
     'v5p': {'s1': 'v5p:2x2x1', 's2': 'v5p:2x2x1', 's3': 'v5p:2x2x2', 's4': 'v5p:2x2x2', 's5': 'v5p:2x4x4'},
     'v6e': {'s1': 'v6e:2x4', 's2': 'v6e:2x4', 's3': 'v6e:4x4', 's4': 'v6e:4x4', 's5': 'v6e:4x8'},
 }
-CONTEXTS = {'16k': '', '32k': ',stage=extend32k,init_from=runs/none'}
+# context -> (tokens per sequence, config arguments that set it)
+CONTEXTS = {'16k': (16384, ''), '32k': (32768, ',stage=extend32k,init_from=runs/none')}
 EXTENDED_SCALES = ('s5',)  # The study extends only its largest models to 32K (PAPER.md, training recipe).
 
 
@@ -53,8 +53,11 @@ def main(argv=None):
       for arch in args.archs.split(','):
         for chip in args.chips.split(','):
           topology = TOPOLOGIES[chip][scale]
-          config = validate(load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}'
-                                             f'{CONTEXTS[context]}'))
+          seq_len, context_args = CONTEXTS[context]
+          config = validate(load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}{context_args}'))
+          if config.data.seq_len != seq_len:
+            raise SystemExit(f'configs/hybrid.py sets seq_len {config.data.seq_len} for {context}; CONTEXTS says '
+                             f'{seq_len}')
           if (arch, scale, config.data.seq_len, topology) in done:
             continue
           if topology not in targets:
@@ -98,10 +101,10 @@ def _verdict(row):
   """'yes', the verified change in short ('grad_accum=2', 'remat=full'), or 'no fit found'."""
   if row.get('fits'):
     return 'yes'
-  change = (row.get('fix') or {}).get('change')
-  if not change:
+  overrides = (row.get('fix') or {}).get('overrides')
+  if not overrides:
     return 'no fit found'
-  return re.sub(r' \([^)]*\)', '', change).replace('train.', '').replace('model.', '').replace('parallel.', '')
+  return ', '.join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in overrides.items())
 
 
 def glance(rows) -> str:
@@ -109,7 +112,8 @@ def glance(rows) -> str:
   not, the change that was verified to fit; `…` where the row has not been compiled yet."""
   from configs import hybrid
   chips = list(TOPOLOGIES)
-  columns = [(s, 16384) for s in TOPOLOGIES['v5p']] + [(s, 32768) for s in EXTENDED_SCALES]
+  columns = ([(s, CONTEXTS['16k'][0]) for s in TOPOLOGIES['v5p']] +
+             [(s, CONTEXTS['32k'][0]) for s in EXTENDED_SCALES])
   by_key = {(r['arch'], r['scale'], r['seq_len'], r['target']): r for r in rows}
   head = '| arch | ' + ' | '.join(f"{s.upper()} {t // 1024}K" for s, t in columns) + ' |'
   slices = '; '.join(f"{s.upper()} on {' / '.join(TOPOLOGIES[c][s] for c in chips)}" for s in TOPOLOGIES['v5p'])

@@ -8,6 +8,7 @@ import sys
 import jax
 import pytest
 
+from hybrid_jax import cli
 from hybrid_jax.config import validate
 from hybrid_jax.parallel import chips, compile_check, mesh as mesh_lib
 from tests.conftest import ROOT, study_config
@@ -36,19 +37,39 @@ def test_a_step_over_the_limit_is_fixed_by_a_change_that_is_compiled_and_fits():
   row = compile_check.check(config, CPU, memory_limit=limit)
   assert row['fits'] is False and row['per_device_bytes']['peak'] == whole
   fix = row['fix']
-  assert fix['change'].startswith('train.grad_accum=') and fix['per_device_bytes']['peak'] <= limit
+  assert list(fix['overrides']) == ['train.grad_accum'] and fix['per_device_bytes']['peak'] <= limit
+  accum = fix['overrides']['train.grad_accum']
+  assert fix['change'] == f'train.grad_accum={accum} (micro-batch {8 // accum} per chip)'
   # The fewest accumulation steps that fit: the next smaller count was compiled and did not fit.
-  accum = int(fix['change'].split('=')[1].split()[0])
-  tried = {t['change'].split()[0]: t for t in fix['tried']}
-  assert tried[f'train.grad_accum={accum}']['fits']
+  tried = {t['overrides']['train.grad_accum']: t for t in fix['tried']
+           if list(t['overrides']) == ['train.grad_accum']}
+  assert tried[accum]['fits']
   if accum > 2:
-    assert tried[f'train.grad_accum={accum // 2}']['fits'] is False
+    assert tried[accum // 2]['fits'] is False
 
 
 def test_nothing_fits_a_limit_below_the_parameters():
   row = compile_check.check(tiny(), CPU, memory_limit=1000)
   assert row['fits'] is False and 'change' not in row['fix'] and row['fix']['tried']
   assert all(t['fits'] is False for t in row['fix']['tried'])
+
+
+def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
+  """The fix search and the advice without compiling: a stand-in compiler lets a step fit from 4 accumulation
+  steps up, so the least change is grad_accum=4, and the printed flags load into a config that has it."""
+  def compile_step(config, target, memory_limit=None):
+    accum = int(config.train.grad_accum)
+    return {'arch': config.model.arch, 'scale': config.model.scale, 'seq_len': config.data.seq_len, 'target': target.name,
+            'chips': 1, 'mesh': {'data': 1, 'fsdp': 1, 'tensor': 1}, 'per_chip_batch': 8, 'grad_accum': accum,
+            'compile_s': 0.0, 'fits': accum >= 4, 'per_device_bytes': {'peak': 2**30 // accum}}
+  monkeypatch.setattr(compile_check, 'compile_step', compile_step)
+  argv = [f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--devices=1',
+          '--config.train.batch_size=8', '--config.data.seq_len=64']
+  assert cli._run_config_command('compile-check', argv) == 3
+  advice = capsys.readouterr().err.split('; fits with ')[1].strip()
+  assert advice == 'train.grad_accum=4 (micro-batch 2 per chip): add --config.train.grad_accum=4'
+  fixed = cli.load_config(argv[0].split('=', 1)[1], argv[2:] + advice.split(': add ')[1].split())
+  assert fixed.train.grad_accum == 4 and compile_step(fixed, CPU)['fits']
 
 
 @pytest.fixture(scope='module')

@@ -25,18 +25,18 @@ def test_the_committed_table_is_what_its_rows_render_to(tmp_path):
   assert _without_date(out.read_text()) == _without_date((ROOT / 'docs' / 'TPU_FIT.md').read_text())
 
 
-def _row(arch, scale, target, fits, change=None, seq_len=16384):
+def _row(arch, scale, target, fits, overrides=None, seq_len=16384):
   row = {'arch': arch, 'scale': scale, 'seq_len': seq_len, 'target': target, 'fits': fits}
   if fits is False:
-    row['fix'] = {'change': change} if change else {'tried': []}
+    row['fix'] = {'overrides': overrides, 'change': 'the long text'} if overrides else {'tried': []}
   return row
 
 
 def test_the_glance_matrix_gives_each_chip_its_verdict_in_the_study_order():
   script = _script()
-  rows = [_row('gdn', 's2', 'v6e:2x4', False, 'train.grad_accum=2 (micro-batch 4 per chip)'),
+  rows = [_row('gdn', 's2', 'v6e:2x4', False, {'train.grad_accum': 2}),
           _row('gdn', 's2', 'v5p:2x2x1', True),
-          _row('full', 's5', 'v6e:4x8', False, 'train.grad_accum=32 (micro-batch 1 per chip), model.remat=full'),
+          _row('full', 's5', 'v6e:4x8', False, {'train.grad_accum': 32, 'model.remat': 'full'}),
           _row('full', 's5', 'v5p:2x4x4', False),
           _row('full', 's5', 'v5p:2x4x4', True, seq_len=32768)]
   lines = script.glance(rows).splitlines()
@@ -64,3 +64,10 @@ def test_the_detail_rows_are_ordered_by_context_scale_arch_and_chip():
 def _hybrid_arches():
   from configs import hybrid
   return hybrid.ARCHES
+
+
+def test_each_context_names_the_sequence_length_its_config_sets():
+  from hybrid_jax.config import load_config_file
+  for context, (seq_len, context_args) in _script().CONTEXTS.items():
+    config = load_config_file(f'{ROOT}/configs/hybrid.py:arch=swa128,scale=s5{context_args}')
+    assert config.data.seq_len == seq_len, context

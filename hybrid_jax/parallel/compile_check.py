@@ -134,11 +134,21 @@ def _changed(config, *, accum=None, remat=None, fsdp_all=False):
   return c
 
 
-def _describe(step, per_chip, run_accum):
-  accum = step['accum']
-  parts = [f'train.grad_accum={accum} (micro-batch {per_chip // accum} per chip)'] if accum != run_accum else []
-  parts += [f"model.remat={step['remat']}"] if step['remat'] else []
-  parts += ['parallel.data=1, parallel.fsdp=-1 (state over every chip)'] if step['fsdp_all'] else []
+def _overrides(step, run_accum) -> dict:
+  """A ladder step as the config overrides it makes (`--config.KEY=VALUE`), the record a fix is kept as."""
+  out = {'train.grad_accum': step['accum']} if step['accum'] != run_accum else {}
+  out.update({'model.remat': step['remat']} if step['remat'] else {})
+  out.update({'parallel.data': 1, 'parallel.fsdp': -1} if step['fsdp_all'] else {})
+  return out
+
+
+def _describe(overrides: dict, per_chip: int) -> str:
+  """The overrides for a reader: 'train.grad_accum=4 (micro-batch 2 per chip), model.remat=full'."""
+  parts = []
+  for key, value in overrides.items():
+    note = (f' (micro-batch {per_chip // value} per chip)' if key == 'train.grad_accum' else
+            ' (state over every chip)' if key == 'parallel.fsdp' else '')
+    parts.append(f'{key}={value}{note}')
   return ', '.join(parts)
 
 
@@ -160,7 +170,8 @@ def find_fix(config, target: Target, memory_limit=None, max_compiles: int = 5) -
   def attempt(step):
     """Compiles the run with `step`'s changes and records the outcome in `tried`."""
     row = compile_step(_changed(config, **step), target, memory_limit)
-    tried.append({'change': _describe(step, per_chip, accum), 'fits': row.get('fits'),
+    overrides = _overrides(step, accum)
+    tried.append({'change': _describe(overrides, per_chip), 'overrides': overrides, 'fits': row.get('fits'),
                   'peak_bytes': row.get('per_device_bytes', {}).get('peak')})
     return row
 
@@ -182,7 +193,8 @@ def find_fix(config, target: Target, memory_limit=None, max_compiles: int = 5) -
   out = {'tried': tried}
   if best:
     step, row = best
-    out['change'] = _describe(step, per_chip, accum)
+    out['overrides'] = _overrides(step, accum)
+    out['change'] = _describe(out['overrides'], per_chip)
     out.update({k: row.get(k) for k in ('per_device_bytes', 'compile_s', 'estimate')})
   return out
 
