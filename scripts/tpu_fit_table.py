@@ -26,6 +26,14 @@ TOPOLOGIES = {
 # context -> (tokens per sequence, config arguments that set it)
 CONTEXTS = {'16k': (16384, ''), '32k': (32768, ',stage=extend32k,init_from=runs/none')}
 EXTENDED_SCALES = ('s5',)  # The study extends only its largest models to 32K (PAPER.md, training recipe).
+# What the rows were compiled with. Add a revision when a change alters what compile-check reports (memory, FLOPs):
+# the next run compiles the rows of older revisions again, and until then the page lists them apart.
+REVISIONS = {
+    1: 'a whole layer cycle was one remat unit, so a hybrid\'s peak grew with its cycle length (swa128_1to3 at S1 on '
+       'v5p: 48.9 GB, 38.3 GB at revision 2)',
+    2: 'each block is its own remat unit',
+}
+REVISION = max(REVISIONS)
 
 
 def main(argv=None):
@@ -43,7 +51,7 @@ def main(argv=None):
   out = pathlib.Path(args.out)
   store = out.with_suffix('.json')
   rows = json.loads(store.read_text()) if store.exists() else []
-  done = {(r['arch'], r['scale'], r['seq_len'], r['target']) for r in rows}
+  current = {_key(r) for r in rows if _revision(r) == REVISION}
   targets = {}
   grid = len(hybrid.ARCHES) * len(TOPOLOGIES) * (len(TOPOLOGIES['v5p']) + len(EXTENDED_SCALES))
   for context in ([] if args.render_only else args.contexts.split(',')):
@@ -58,11 +66,13 @@ def main(argv=None):
           if config.data.seq_len != seq_len:
             raise SystemExit(f'configs/hybrid.py sets seq_len {config.data.seq_len} for {context}; CONTEXTS says '
                              f'{seq_len}')
-          if (arch, scale, config.data.seq_len, topology) in done:
+          key = (arch, scale, seq_len, topology)
+          if key in current:
             continue
           if topology not in targets:
             targets[topology] = compile_check.tpu_target(topology)
-          rows.append(compile_check.check(config, targets[topology]))
+          row = dict(compile_check.check(config, targets[topology]), revision=REVISION)
+          rows = [r for r in rows if _key(r) != key] + [row]
           store.write_text(json.dumps(rows, indent=1) + '\n')
           _write(out, rows, grid)
           print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
@@ -87,7 +97,23 @@ def _write(out, rows, grid):
             f'This page holds {len(rows)} of the {grid} rows of the whole grid (every arch x S1-S5 '
             'at 16K and S5 at 32K, x v5p/v6e);\n`python scripts/tpu_fit_table.py` adds the rest, resuming from '
             'docs/TPU_FIT.json.\n\n')
-  out.write_text(header + glance(rows) + '\n\n' + compile_check.table(sorted(rows, key=_grid_order)) + '\n')
+  current = [r for r in rows if _revision(r) == REVISION]
+  older = [r for r in rows if _revision(r) != REVISION]
+  body = glance(rows) + f'\n\nCompiled at revision {REVISION} ({REVISIONS[REVISION]}), {len(current)} rows:\n\n'
+  body += compile_check.table(sorted(current, key=_grid_order)) + '\n'
+  if older:
+    revisions = '; '.join(f'revision {n}: {REVISIONS[n]}' for n in sorted({_revision(r) for r in older}))
+    body += (f'\nCompiled at an older revision, `*` in the matrix, {len(older)} rows that the next run of the script '
+             f'compiles again\n({revisions}):\n\n' + compile_check.table(sorted(older, key=_grid_order)) + '\n')
+  out.write_text(header + body)
+
+
+def _key(row):
+  return row['arch'], row['scale'], row['seq_len'], row['target']
+
+
+def _revision(row):
+  return row.get('revision', 1)  # Rows from before revisions were recorded.
 
 
 def _grid_order(row):
@@ -109,12 +135,13 @@ def _verdict(row):
 
 def glance(rows) -> str:
   """One line per arch, one column per (scale, context): whether the study's step fits each chip as set, and if
-  not, the change that was verified to fit; `…` where the row has not been compiled yet."""
+  not, the change that was verified to fit; `…` where the row has not been compiled yet, `*` where it was compiled
+  at an older revision."""
   from configs import hybrid
   chips = list(TOPOLOGIES)
   columns = ([(s, CONTEXTS['16k'][0]) for s in TOPOLOGIES['v5p']] +
              [(s, CONTEXTS['32k'][0]) for s in EXTENDED_SCALES])
-  by_key = {(r['arch'], r['scale'], r['seq_len'], r['target']): r for r in rows}
+  by_key = {_key(r): r for r in rows}
   head = '| arch | ' + ' | '.join(f"{s.upper()} {t // 1024}K" for s, t in columns) + ' |'
   slices = '; '.join(f"{s.upper()} on {' / '.join(TOPOLOGIES[c][s] for c in chips)}" for s in TOPOLOGIES['v5p'])
   lines = [f"At a glance: does the step fit as the study sets it ({' / '.join(chips)})? Slices: {slices}.\n", head,
@@ -123,7 +150,8 @@ def glance(rows) -> str:
     cells = []
     for scale, seq_len in columns:
       found = [by_key.get((arch, scale, seq_len, TOPOLOGIES[c][scale])) for c in chips]
-      cells.append(' / '.join(_verdict(r) if r else '…' for r in found))
+      cells.append(' / '.join(_verdict(r) + ('*' if _revision(r) != REVISION else '') if r else '…'
+                              for r in found))
     lines.append(f"| {arch} | {' | '.join(cells)} |")
   return '\n'.join(lines)
 

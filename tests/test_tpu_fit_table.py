@@ -2,6 +2,7 @@
 says per chip whether each (arch, scale, context) fits, which change made it fit, or that it was not compiled."""
 
 import importlib.util
+import json
 import re
 
 from tests.conftest import ROOT
@@ -39,12 +40,15 @@ def test_the_glance_matrix_gives_each_chip_its_verdict_in_the_study_order():
           _row('full', 's5', 'v6e:4x8', False, {'train.grad_accum': 32, 'model.remat': 'full'}),
           _row('full', 's5', 'v5p:2x4x4', False),
           _row('full', 's5', 'v5p:2x4x4', True, seq_len=32768)]
+  for row in rows:
+    row['revision'] = script.REVISION
+  rows[1]['revision'] = 1
   lines = script.glance(rows).splitlines()
   assert lines[2] == '| arch | S1 16K | S2 16K | S3 16K | S4 16K | S5 16K | S5 32K |'
   table = {line.split(' | ')[0].strip('| '): [c.strip() for c in line.strip('|').split('|')[1:]]
            for line in lines[4:]}
   assert list(table) == list(_hybrid_arches())
-  assert table['gdn'][1] == 'yes / grad_accum=2'
+  assert table['gdn'][1] == 'yes* / grad_accum=2'  # The v5p row is of an older revision.
   assert table['full'][4] == 'no fit found / grad_accum=32, remat=full'
   assert table['full'][5] == 'yes / …'
   assert table['gdn'][0] == table['full'][0] == '… / …'
@@ -71,3 +75,34 @@ def test_each_context_names_the_sequence_length_its_config_sets():
   for context, (seq_len, context_args) in _script().CONTEXTS.items():
     config = load_config_file(f'{ROOT}/configs/hybrid.py:arch=swa128,scale=s5{context_args}')
     assert config.data.seq_len == seq_len, context
+
+
+def _compiled(arch, scale, target, revision=None):
+  """A row as compile-check writes it, with every field the detail table shows (and a revision if given)."""
+  row = dict(_row(arch, scale, target, True), chips=4, mesh={'data': 4, 'fsdp': 1, 'tensor': 1}, per_chip_batch=16,
+             grad_accum=1, compile_s=1.0, per_device_bytes={'peak': 10**10}, hbm_bytes=95 * 10**9)
+  return dict(row, revision=revision) if revision else row
+
+
+def test_a_run_compiles_missing_and_older_rows_and_keeps_current_ones(tmp_path, monkeypatch):
+  from hybrid_jax.parallel import compile_check
+  script = _script()
+  store = tmp_path / 'TPU_FIT.json'
+  # A row from before revisions were recorded (revision 1) and one of the current revision.
+  store.write_text(json.dumps([_compiled('full', 's1', 'v5p:2x2x1'),
+                               _compiled('swa128', 's1', 'v5p:2x2x1', script.REVISION)]))
+  args = ['--archs=full,swa128,gdn', '--scales=s1', '--chips=v5p', '--contexts=16k', f'--out={tmp_path}/TPU_FIT.md']
+  script.main(['--render-only'] + args[-1:])
+  page = (tmp_path / 'TPU_FIT.md').read_text()
+  assert '| full | yes* / … |' in page and '| swa128 | yes / … |' in page and 'revision 1: ' in page
+  compiled = []
+  monkeypatch.setattr(compile_check, 'tpu_target', lambda topology: topology)
+  monkeypatch.setattr(compile_check, 'check', lambda config, target: compiled.append(config.model.arch) or
+                      _compiled(config.model.arch, config.model.scale, target))
+  script.main(args)
+  assert compiled == ['full', 'gdn']
+  rows = json.loads(store.read_text())
+  assert sorted((r['arch'], r['revision']) for r in rows) == [(a, script.REVISION) for a in ('full', 'gdn', 'swa128')]
+  page = (tmp_path / 'TPU_FIT.md').read_text()
+  assert '| full | yes / … |' in page and '*' not in page.split('Compiled at revision')[0].split('| arch |')[1]
+  assert 'older revision' not in page

@@ -66,10 +66,13 @@ class Cycle(nnx.Module):
 
   def __init__(self, cfg, specs, *, rngs: nnx.Rngs):
     self.blocks = nnx.List([Block(cfg, spec, rngs=rngs) for spec in specs])
+    self.remat = cfg.remat
 
   def __call__(self, x, positions):
+    # Each block is its own remat unit, not the cycle: the backward then recomputes one block at a time, so a
+    # long pattern (3 SWA + 1 full) holds one layer's recomputed activations, not the whole cycle's.
     for block in self.blocks:
-      x = block(x, positions)
+      x = run_block(block, x, positions, self.remat)
     return x
 
   def decode(self, x, where, states, *, prefill: bool):
@@ -96,6 +99,15 @@ def _apply_pure(graphdef, state, x, positions):
   return nnx.merge(graphdef, state)(x, positions)
 
 
+def run_block(block, x, positions, remat: str):
+  """block(x, positions) under the remat policy (the unit of rematerialisation is one block)."""
+  if remat == 'none':
+    return block(x, positions)
+  graphdef, state = nnx.split(block)
+  fn = jax.checkpoint(_apply_pure, policy=_REMAT_POLICIES[remat], static_argnums=(0,))
+  return fn(graphdef, state, x, positions)
+
+
 class HybridLM(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
@@ -117,13 +129,6 @@ class HybridLM(nnx.Module):
     self.embedding_multiplier = float(cfg.embedding_multiplier)
     self.logits_scaling = float(cfg.logits_scaling)
 
-  def _run(self, module, x, positions):
-    graphdef, state = nnx.split(module)
-    fn = _apply_pure
-    if self.remat != 'none':
-      fn = jax.checkpoint(fn, policy=_REMAT_POLICIES[self.remat], static_argnums=(0,))
-    return fn(graphdef, state, x, positions)
-
   def embed_tokens(self, tokens, dtype=None):
     """Input embeddings [B, T, d_model] of int tokens [B, T] (times the embedding multiplier), in `dtype`
     (default: the compute dtype)."""
@@ -142,11 +147,9 @@ class HybridLM(nnx.Module):
     if self.scan_layers:
       graphdef, stacked = nnx.split(self.cycles)
       body = functools.partial(_apply_pure, graphdef)
-      if self.remat != 'none':
-        body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.remat])
       x, _ = jax.lax.scan(lambda h, s: (body(s, h, positions), None), x, stacked)
     for block in self.tail:
-      x = self._run(block, x, positions)
+      x = run_block(block, x, positions, self.remat)
     with jax.named_scope('final_norm'):
       return self.final_norm(x)
 
