@@ -10,8 +10,8 @@ import os
 import pathlib
 import sys
 
-from hybrid_jax import command_line
-from hybrid_jax.config import ConfigError, apply_overrides, load_config_file, load_run, validate
+from hybrid_jax import checks, command_line
+from hybrid_jax.config import apply_overrides, load_config_file, load_run, validate
 
 DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'hybrid.py') + \
     ':arch=swa128_nope,scale=tiny'
@@ -20,8 +20,10 @@ OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --
 
 
 def _workdir(args, config) -> pathlib.Path:
+  """The run directory: a folder that exists or can be made, checked before anything is built."""
   from hybrid_jax import runs
-  return runs.local_workdir(args.workdir or pathlib.Path('runs') / config.name)
+  workdir = runs.local_workdir(args.workdir or pathlib.Path('runs') / config.name)
+  return checks.path(workdir, '--workdir', kind='dir', exists=False, writable=True)
 
 
 def cmd_train(args, config):
@@ -86,19 +88,16 @@ def _compile_configs(args, config):
 
 def cmd_compile_check(args, config):
   """Compile the train step for target meshes without running it: fit, memory, FLOPs, estimated step time."""
-  from hybrid_jax.parallel import compile_check, mesh as mesh_lib, rules as rules_lib
+  from hybrid_jax.parallel import compile_check
   limit = args.memory_budget_gib * 2**30 if args.memory_budget_gib else None
   rows = []
-  try:
-    targets = _compile_targets(args)
-    print(compile_check.table([]), flush=True)  # Rows follow as they compile (minutes each at study scale).
-    for c in _compile_configs(args, config):
-      for target in targets:
-        rows.append(compile_check.check(c, target, memory_limit=limit, find_fit=args.find_fit))
-        print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
-  except (mesh_lib.MeshError, rules_lib.ShardingRuleError, ConfigError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  targets = _compile_targets(args)
+  configs = _compile_configs(args, config)  # A bad sweep is refused before the table starts.
+  print(compile_check.table([]), flush=True)  # Rows follow as they compile (minutes each at study scale).
+  for c in configs:
+    for target in targets:
+      rows.append(compile_check.check(c, target, memory_limit=limit, find_fit=args.find_fit))
+      print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(rows, indent=2) + '\n')
   tight = [r for r in rows if r.get('fits') is False]
@@ -120,7 +119,7 @@ def _add_config_flags(parser):
 
 
 def _add_devices_flag(parser, what):
-  parser.add_argument('--devices', type=int, default=None,
+  parser.add_argument('--devices', type=checks.POSITIVE_INT, default=None,
                       help=f'device count of the target mesh (None: the devices present{what})')
 
 
@@ -142,14 +141,15 @@ def _add_compile_check_flags(parser):
   parser.add_argument('--topology', type=_comma_list, default=None,
                       help="TPU topologies such as 'v5p:4x4x4,v6e:4x4' (libtpu compiles for them on any host; "
                       'no TPU needed)')
-  parser.add_argument('--num_slices', type=int, default=1,
+  parser.add_argument('--num_slices', type=checks.POSITIVE_INT, default=1,
                       help='slices of each topology, joined over the data-center network (multislice; the dcn_* '
                       'mesh axes)')
   parser.add_argument('--sweep', default=None, metavar='FILE:NAME',
                       help='check every distinct step of a sweep (e.g. configs/sweep.py:main) instead of --config')
-  parser.add_argument('--memory_budget_gib', type=float, default=None,
+  parser.add_argument('--memory_budget_gib', type=checks.flag_number(positive=True), default=None,
                       help="the per-device memory limit in GiB (default: the chip's HBM; needed for CPU meshes)")
   parser.add_argument('--json', default=None, metavar='FILE',
+                      type=checks.OUT_FILE,
                       help='also write every row (and the fixes tried) to this file')
   parser.add_argument('--find_fit', dest='find_fit', action='store_true', default=True,
                       help='when a step does not fit, compile the changes that trade speed for memory and report '

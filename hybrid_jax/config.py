@@ -14,6 +14,9 @@ import shlex
 
 import ml_collections
 
+from hybrid_jax import checks
+from hybrid_jax.errors import InputError, UserError
+
 MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise', 'lightning', 'mamba2', 'gdn')
 MIXER_KINDS_RESERVED = ()  # Names known but not yet built (none at present).
 RECURRENT_IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'pallas_gpu', 'pallas_tpu')
@@ -30,7 +33,7 @@ DTYPES = ('float32', 'bfloat16', 'float16')
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config value is invalid; the message names the key, the value and what is allowed."""
 
 
@@ -96,20 +99,39 @@ def load_python_file(path, kind: str):
   """Executes the Python file at `path` as a fresh module (config and sweep files are code, not imports)."""
   file = pathlib.Path(path)
   if not file.is_file():
-    raise ConfigError(f'{kind} file {str(path)!r} does not exist')
+    raise ConfigError(f'{kind} file {str(path)!r} does not exist' if not file.exists() else
+                      f'{kind} file {str(path)!r} is a directory, not a Python file')
   module_spec = importlib.util.spec_from_file_location(f'_hybrid_jax_{kind}_{file.stem}', file)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  try:
+    module_spec.loader.exec_module(module)
+  except (SyntaxError, UnicodeDecodeError, ValueError) as e:  # Not Python text (ValueError: null bytes).
+    if isinstance(e, ValueError) and 'null bytes' not in str(e):
+      raise
+    where = f':{e.lineno}' if isinstance(e, SyntaxError) and e.lineno else ''
+    raise ConfigError(f'{kind} file {str(path)!r}{where} is not valid Python: {type(e).__name__}: '
+                      f'{getattr(e, "msg", None) or e}') from None
   return module
+
+
+def call_file_function(module, name: str, arg, what: str):
+  """`module.name(arg)` of a config or sweep file; a ValueError or KeyError it raises (a bad argument) becomes a
+  ConfigError naming `what` (other exceptions are bugs in the file and keep their traceback)."""
+  if not callable(getattr(module, name, None)):
+    raise ConfigError(f'{what} defines no {name}(arg) function')
+  try:
+    return getattr(module, name)(arg)
+  except UserError:
+    raise
+  except (ValueError, KeyError) as e:
+    raise ConfigError(f'{what}: {name}({arg!r}) refused the argument: {e}') from None
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Loads `path/to/file.py[:arg]` the way absl's config_flags does, calling `get_config(arg)`."""
   path, _, arg = spec.partition(':')
   module = load_python_file(path, 'config')
-  if not hasattr(module, 'get_config'):
-    raise ConfigError(f'config file {path!r} defines no get_config(arg)')
-  return module.get_config(arg or None)
+  return call_file_function(module, 'get_config', arg or None, f'config file {path!r}')
 
 
 def resolve_path(path: str) -> str:
@@ -139,18 +161,20 @@ def _fail(key, value, allowed):
   raise ConfigError(f'config.{key}={value!r} is invalid: {allowed}')
 
 
+def _number(c, key, **bounds):
+  """The number at `key` checked by hybrid_jax.checks.number (finite, within `bounds`); ConfigError naming it."""
+  try:
+    return checks.number(_get(c, key), f'config.{key}', **bounds)
+  except InputError as e:
+    raise ConfigError(str(e)) from None
+
+
 def _positive_int(c, key):
-  value = _get(c, key)
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    _fail(key, value, 'must be a positive integer')
-  return value
+  return _number(c, key, integer=True, positive=True)
 
 
 def _nonneg_number(c, key):
-  value = _get(c, key)
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-    _fail(key, value, 'must be a number >= 0')
-  return value
+  return _number(c, key, nonnegative=True)
 
 
 def _choice(c, key, allowed):
@@ -204,7 +228,9 @@ def _leaf_keys(c, prefix=''):
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every key that shapes the model, data and training; returns the config unchanged."""
   for key in _leaf_keys(load_config_file(str(BASE_CONFIG))):
-    _get(c, key)  # Every default must be present: configs start from configs/base.py.
+    value = _get(c, key)  # Every default must be present: configs start from configs/base.py.
+    if isinstance(value, float) and not math.isfinite(value):  # No key means anything by inf or nan.
+      _fail(key, value, 'must be a finite number')
   for key in ('model.vocab_size', 'model.d_model', 'model.num_layers', 'model.num_heads', 'model.num_kv_heads',
               'model.head_dim', 'model.d_ff', 'data.seq_len', 'train.steps', 'train.batch_size',
               'train.grad_accum', 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints',
@@ -232,13 +258,11 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _validate_recurrent(c, cycle)
   if m.head_dim % 2 and (m.rope_full or m.rope_swa):
     _fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
-  if m.rope_base <= 1:
+  if _number(c, 'model.rope_base') <= 1:
     _fail('model.rope_base', m.rope_base, 'must be > 1')
   for key in ('model.embedding_multiplier', 'model.residual_multiplier', 'model.logits_scaling'):
-    if not _nonneg_number(c, key) or not math.isfinite(_get(c, key)):
-      _fail(key, _get(c, key), 'must be a finite number > 0 (1 = the plain block)')
-  if not math.isfinite(_nonneg_number(c, 'model.attention_scale')):
-    _fail('model.attention_scale', m.attention_scale, 'must be a finite number >= 0 (0 = head_dim**-0.5)')
+    _number(c, key, positive=True)  # 1 = the plain block.
+  _nonneg_number(c, 'model.attention_scale')  # 0 = head_dim**-0.5.
   _choice(c, 'model.dtype', DTYPES)
   _choice(c, 'model.param_dtype', DTYPES)
   _choice(c, 'model.remat', REMAT_POLICIES)
@@ -263,31 +287,27 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     recall.settings(d)
   _nonneg_number(c, 'data.long_short_ratio')
   _nonneg_number(c, 'data.long_doc_min_tokens')
-  if not 0 < d.eval_fraction < 1:
+  if not 0 < _number(c, 'data.eval_fraction') < 1:
     _fail('data.eval_fraction', d.eval_fraction, 'must be strictly between 0 and 1')
 
   t = c.train
   if t.batch_size % t.grad_accum:
     _fail('train.batch_size', t.batch_size, f'must be divisible by train.grad_accum={t.grad_accum}')
-  if not t.lr > 0:
-    _fail('train.lr', t.lr, 'must be > 0')
+  _number(c, 'train.lr', positive=True)
   _choice(c, 'train.schedule', SCHEDULES)
   _nonneg_number(c, 'train.warmup_steps')
   if t.warmup_steps >= t.steps:
     _fail('train.warmup_steps', t.warmup_steps, f'must be smaller than train.steps={t.steps}')
-  if not 0 <= t.decay_fraction <= 1:
-    _fail('train.decay_fraction', t.decay_fraction, 'must be in [0, 1]')
-  if not 0 <= t.min_lr_ratio <= 1:
-    _fail('train.min_lr_ratio', t.min_lr_ratio, 'must be in [0, 1]')
+  _number(c, 'train.decay_fraction', low=0, high=1)
+  _number(c, 'train.min_lr_ratio', low=0, high=1)
   for key in ('train.b1', 'train.b2'):
-    if not 0 <= _get(c, key) < 1:
+    if _number(c, key, low=0) >= 1:
       _fail(key, _get(c, key), 'must be in [0, 1)')
   for key in ('train.weight_decay', 'train.grad_clip', 'train.z_loss', 'train.eval_every', 'train.eps',
               'train.peak_tflops'):
     _nonneg_number(c, key)
   for key in ('train.retrieval_probe_every', 'train.retrieval_probe_length', 'train.loss_chunk', 'train.profile_start'):
-    if isinstance(_get(c, key), bool) or not isinstance(_get(c, key), int) or _get(c, key) < 0:
-      _fail(key, _get(c, key), 'must be an integer >= 0 (0 = off / data.seq_len / whole sequence)')
+    _number(c, key, integer=True, nonnegative=True)  # 0 = off / data.seq_len / whole sequence.
   _positive_int(c, 'train.retrieval_probe_samples')
   if not isinstance(_get(c, 'train.init_from'), str):
     _fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")

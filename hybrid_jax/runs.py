@@ -17,14 +17,26 @@ import orbax.checkpoint as ocp
 
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
+from hybrid_jax.errors import UserError
 from hybrid_jax.train import config_history, state as state_lib
 
 
-class RunError(ValueError):
+class RunError(UserError, ValueError):
   """A run directory is missing, incomplete, or its checkpoint does not match its config."""
 
 
 _URL = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
+
+
+class _QuietReadOnly(logging.Filter):
+  """Drops orbax's warnings that a manager opened read-only is read-only: reading a run read-only is the intent."""
+
+  def filter(self, record):
+    message = record.getMessage()
+    return 'Given directory is read only' not in message and 'read_only=True, setting' not in message
+
+
+logging.getLogger('absl').addFilter(_QuietReadOnly())
 
 
 def local_workdir(workdir) -> pathlib.Path:

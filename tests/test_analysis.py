@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hybrid_jax import cli as top_cli
+from hybrid_jax import cli as top_cli, command_line
 from hybrid_jax.analysis import cli
 
 FAST = ['--no-progress', '--batch-size', '8']
@@ -74,14 +74,25 @@ def test_gradient_influence_end_to_end(tiny_run):
   assert all(g > 0 for g in data['G'])  # Full attention reaches every earlier token.
 
 
+def _status(argv) -> int:
+  """The exit status of `analyze ARGV` as the command line reports it (a user error: one line, status 2)."""
+  try:
+    return command_line.run(cli.main, argv)
+  except SystemExit as e:  # A bad flag, refused while parsing.
+    return e.code
+
+
 def test_cli_errors(tiny_run, tmp_path, capsys):
-  with pytest.raises(SystemExit) as e:
-    cli.main(['no-such-tool', '--workdir', str(tiny_run)])
-  assert e.value.code == 2
-  assert cli.main(['probing', '--workdir', str(tmp_path / 'missing')]) == 2
+  assert _status(['no-such-tool', '--workdir', str(tiny_run)]) == 2
+  assert _status(['probing', '--workdir', str(tmp_path / 'missing')]) == 2
+  assert 'missing: does not exist' in capsys.readouterr().err
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  assert _status(['probing', '--workdir', str(empty)]) == 2
   assert 'no config.json' in capsys.readouterr().err
-  assert cli.main(['restriction', '--workdir', str(tiny_run), '--windows', '0']) == 2
-  assert 'window=0' in capsys.readouterr().err
-  assert cli.main(['restriction', '--workdir', str(tiny_run), '--windows', '8', '--targets', 'mlp']) == 2
-  assert cli.main(['tracing', '--workdir', str(tiny_run), '--heads', '0:9']) == 2
+  assert _status(['restriction', '--workdir', str(tiny_run), '--windows', '0']) == 2
+  assert "argument --windows: '0' is invalid: must be a positive integer" in capsys.readouterr().err
+  assert _status(['restriction', '--workdir', str(tiny_run), '--windows', '8', '--targets', 'mlp']) == 2
+  assert "target 'mlp' is invalid" in capsys.readouterr().err
+  assert _status(['tracing', '--workdir', str(tiny_run), '--heads', '0:9']) == 2
   assert 'head 9' in capsys.readouterr().err

@@ -106,7 +106,7 @@ def test_missing_run_directory_is_one_line(tmp_path):
 def test_a_url_workdir_is_refused_without_making_a_local_folder(tmp_path, command):
   """pathlib folds gs://B/R into a local gs:/B/R; a run must never land there unnoticed."""
   out = _run(*command, '--workdir=gs://bucket/run1', cwd=tmp_path)
-  _assert_user_error(out, 'workdir gs://bucket/run1 is a URL', 'gcsfuse', '--workdir=/mnt/BUCKET/run1')
+  _assert_user_error(out, 'gs://bucket/run1 is a URL', 'gcsfuse', '/mnt/BUCKET/run1')
   assert list(tmp_path.iterdir()) == []
 
 

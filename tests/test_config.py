@@ -87,7 +87,7 @@ def test_missing_config_file():
     ('model.attention_implementation', 'flash', r"allowed: auto, xla, reference, cudnn"),
     ('train.grad_accum', 3, r'config.train.batch_size=8 is invalid: must be divisible by train.grad_accum=3'),
     ('train.schedule', 'linear', r"config.train.schedule='linear' is invalid: allowed: wsd, cosine, constant"),
-    ('train.lr', 0.0, r'config.train.lr=0.0 is invalid: must be > 0'),
+    ('train.lr', 0.0, r'config.train.lr=0.0 is invalid: must be a positive finite number'),
     ('train.warmup_steps', 300, r'must be smaller than train.steps=300'),
     ('train.steps', 0, r'config.train.steps=0 is invalid'),
     ('data.source', 'web', r"config.data.source='web' is invalid: allowed: builtin, files, tfds"),
@@ -96,9 +96,11 @@ def test_missing_config_file():
     ('eval.position_buckets', 1000, r'must be <= data.seq_len=512'),
     ('eval.documents', 1, r'config.eval.documents=1 is invalid: must be 0 \(off\) or an integer >= 2'),
     ('train.loss_chunk', -1, r'config.train.loss_chunk=-1 is invalid: must be an integer >= 0'),
-    ('model.residual_multiplier', 0.0, r'config.model.residual_multiplier=0.0 is invalid: must be a finite number > 0'),
+    ('model.residual_multiplier', 0.0, r'config.model.residual_multiplier=0.0 is invalid: must be a positive finite number'),
     ('model.logits_scaling', float('inf'), r'config.model.logits_scaling=inf is invalid'),
-    ('model.attention_scale', -0.1, r'config.model.attention_scale=-0.1 is invalid: must be a number >= 0'),
+    ('train.lr', float('inf'), r'config.train.lr=inf is invalid: must be a finite number'),
+    ('train.weight_decay', float('nan'), r'config.train.weight_decay=nan is invalid: must be a finite number'),
+    ('model.attention_scale', -0.1, r'config.model.attention_scale=-0.1 is invalid: must be a finite number >= 0'),
 ])
 def test_bad_values_name_key_value_and_allowed(key, value, message):
   c = study_config()

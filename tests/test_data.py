@@ -10,6 +10,7 @@ import grain
 import numpy as np
 import pytest
 
+from hybrid_jax import command_line
 from hybrid_jax.config import ConfigError, load_config_file
 from hybrid_jax.data import pipeline, sources, tfds_local, tokenizers
 
@@ -424,7 +425,7 @@ def test_build_tfds_command_prints_the_flags_that_train_on_it(tmp_path, capsys):
   flags = dict(f.removeprefix('--config.data.').split('=', 1) for f in line.split())
   c = make_config(**flags)
   assert sorted(_texts_of_both_splits(c.data)) == [f'document number {i}' for i in range(3)]
-  assert tfds_local.main([str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
+  assert command_line.run(tfds_local.main, [str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
   assert 'matches no' in capsys.readouterr().err
 
 

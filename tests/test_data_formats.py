@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
+from hybrid_jax import command_line
 from hybrid_jax.config import ConfigError
 from hybrid_jax.data import parquet, pipeline, pretokenized, sources, tokenizers
 from tests import host_reader
@@ -271,8 +272,42 @@ def test_pretokenize_command(tmp_path, capsys):
   assert f'--config.data.source=pretokenized --config.data.paths={tmp_path / "out"}' in out
   argv[4] = '--config.model.vocab_size=257'  # The tokenizer has 300 ids.
   argv[-1] = str(tmp_path / 'out2')
-  assert pretokenized.main(argv) == 2
+  assert command_line.run(pretokenized.main, argv) == 2
   assert 'vocab_size=257' in capsys.readouterr().err and not (tmp_path / 'out2').exists()
+
+
+def test_pretokenize_is_atomic_and_shows_progress(tmp_path, capsys, monkeypatch):
+  """A stopped pretokenize leaves no directory that looks like a corpus; the next one clears what it left and
+  shows its progress; a source that is not text (recall) is refused naming the text sources."""
+  config = _parquet_config(tmp_path)
+  out = tmp_path / 'out'
+  calls = {'n': 0}
+  encode = tokenizers.ByteTokenizer.encode
+
+  def stopped(self, text):
+    calls['n'] += 1
+    if calls['n'] > 5:
+      raise KeyboardInterrupt
+    return encode(self, text)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(tokenizers.ByteTokenizer, 'encode', stopped)
+    with pytest.raises(KeyboardInterrupt):
+      pretokenized.pretokenize(config, str(out), shard_tokens=800)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['pq']  # Neither out nor its temporary folder.
+  (tmp_path / '.out.partial').mkdir()  # What a kill -9 leaves.
+  (tmp_path / '.out.partial' / 'train-00000.array_record').write_bytes(b'partial')
+  out.mkdir()  # An empty --out made beforehand is taken.
+  manifest = pretokenized.pretokenize(config, str(out), shard_tokens=800, progress=True)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['out', 'pq']
+  assert sorted(p.name for p in out.iterdir()) == sorted(
+      [pretokenized.MANIFEST] + [s['file'] for split in manifest['splits'].values() for s in split['shards']])
+  err = capsys.readouterr().err
+  assert 'pretokenize train' in err and 'pretokenize eval' in err and 'doc' in err  # The progress bars.
+  config.data.source = 'recall'
+  with pytest.raises(ConfigError, match=r"source='recall' is invalid for pretokenize: name the text source "
+                     r'\(builtin, files, tfds, parquet\)'):
+    pretokenized.pretokenize(config, str(tmp_path / 'recall'))
 
 
 @pytest.mark.slow

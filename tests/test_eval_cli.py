@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import small_config
-from hybrid_jax import runs
+from hybrid_jax import command_line, runs
 from hybrid_jax.data import pipeline, sources
 from hybrid_jax.data.tokenizers import ByteTokenizer
 from hybrid_jax.eval import cli, suite
@@ -182,10 +182,18 @@ def test_longbench_from_local_files(tiny_run, tmp_path):
                                                 result['per_task']['trec']['score']) / 2, abs=0.01)
 
 
+def _status(argv) -> int:
+  """The exit status of `eval ARGV` as the command line reports it (a user error: one line, status 2)."""
+  try:
+    return command_line.run(cli.main, argv)
+  except SystemExit as e:  # A bad flag, refused while parsing.
+    return e.code
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--tasks', 'ppl', '--context-lengths', '100000'], 'exceed --max-context=512'),
     (['--tasks', 'longbench'], '--longbench-dir'),
-    (['--tasks', 'longbench:qasper', '--longbench-dir', '/nonexistent'], 'missing LongBench file'),
+    (['--tasks', 'longbench:qasper', '--longbench-dir', '/nonexistent'], '/nonexistent: does not exist'),
     (['--tasks', 'longbench:nope', '--longbench-dir', '/tmp'], "unknown LongBench task 'nope'"),
     (['--tasks', 'ruler:qa_1'], '--squad=PATH'),
     (['--tasks', 'ruler:vt', '--context-lengths', '64'], 'too small'),
@@ -196,20 +204,20 @@ def test_longbench_from_local_files(tiny_run, tmp_path):
     (['--tasks', 'lm_eval'], 'lm_eval:task+task'),
 ])
 def test_clear_errors(tiny_run, tmp_path, capsys, argv, message):
-  assert cli.main(['--workdir', str(tiny_run), '--out', str(tmp_path), '--no-progress'] + argv) == 2
+  assert _status(['--workdir', str(tiny_run), '--out', str(tmp_path), '--no-progress'] + argv) == 2
   assert message in capsys.readouterr().err
 
 
 def test_longppl_documents_without_spans_need_an_evaluator(tiny_run, tmp_path, capsys):
   data = tmp_path / 'docs.jsonl'
   data.write_text(json.dumps({'text': 'no spans here'}) + '\n')
-  assert cli.main(['--workdir', str(tiny_run), '--tasks', 'longppl', '--longppl-data', str(data),
-                   '--out', str(tmp_path), '--no-progress']) == 2
+  assert _status(['--workdir', str(tiny_run), '--tasks', 'longppl', '--longppl-data', str(data),
+                  '--out', str(tmp_path), '--no-progress']) == 2
   assert '--longppl-evaluator' in capsys.readouterr().err
 
 
-@pytest.mark.parametrize('argv, message', [(['--context-lengths', '4k'], "'4k' is not a comma-separated list"),
-                                           (['--ppl-documents', '1'], 'a standard error needs two documents')])
+@pytest.mark.parametrize('argv, message', [(['--context-lengths', '4k'], "'4k' is invalid: must be a positive"),
+                                           (['--ppl-documents', '1'], "'1' is invalid: must be an integer >= 2")])
 def test_bad_flag_values_exit_with_usage(tiny_run, capsys, argv, message):
   with pytest.raises(SystemExit) as e:
     cli.main(['--workdir', str(tiny_run)] + argv)

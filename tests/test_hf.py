@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from hybrid_jax import cli as hybrid_jax_cli, runs
+from hybrid_jax import cli as hybrid_jax_cli, command_line, runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
 from hybrid_jax.hf import HFError, cli, config_map, io, weights
@@ -144,8 +144,8 @@ def test_a_tensor_name_table_reads_renamed_checkpoints(tmp_path, capsys):
     np.testing.assert_array_equal(a, b)
   del table['layer']['mlp.up']
   (tmp_path / 'bad.json').write_text(json.dumps(table))
-  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run2'), '--tensor-names',
-                   str(tmp_path / 'bad.json')]) == 2
+  assert command_line.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run2'), '--tensor-names',
+                                     str(tmp_path / 'bad.json')]) == 2
   assert "\"layer\" must map exactly" in capsys.readouterr().err and "missing ['mlp.up']" in str(
       pytest.raises(HFError, weights.read_table, tmp_path / 'bad.json').value)
   assert not (tmp_path / 'run2').exists()
@@ -238,7 +238,7 @@ def test_cli_import_run_then_export(tmp_path, capsys):
   for key in original:
     np.testing.assert_array_equal(out[key], original[key], err_msg=key)
   np.testing.assert_array_equal(out['lm_head.weight'], original['model.embed_tokens.weight'])
-  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
+  assert command_line.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
   assert 'already holds a run' in capsys.readouterr().err
 
 
@@ -265,7 +265,8 @@ def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, c
   run = tmp_path / 'run'
   run.mkdir()
   (run / 'config.json').write_text(_tiny_config(cycle=('mamba2', 'full')).to_json_best_effort())
-  assert cli.main(['export', '--workdir', str(run), '--out', str(tmp_path / 'out')]) == 2  # (no checkpoints)
+  # (no checkpoints)
+  assert command_line.run(cli.main, ['export', '--workdir', str(run), '--out', str(tmp_path / 'out')]) == 2
   assert "'mamba2' mixer" in capsys.readouterr().err
   assert not (tmp_path / 'out').exists()
 
@@ -417,7 +418,7 @@ def test_hf_tokenizer_travels_both_ways(tmp_path, capsys):
   tok = Tokenizer(models.WordLevel({**{f'w{i}': i for i in range(80)}, '</s>': 80}, unk_token='w0'))
   tok.add_special_tokens(['</s>'])
   tok.save(str(big / io.HF_TOKENIZER_FILE))
-  assert cli.main(['import', str(big), '--workdir', str(tmp_path / 'no')]) == 2
+  assert command_line.run(cli.main, ['import', str(big), '--workdir', str(tmp_path / 'no')]) == 2
   assert 'has 81 ids but config.json vocab_size=64' in capsys.readouterr().err
   assert not (tmp_path / 'no').exists()
 

@@ -5,6 +5,7 @@ import shlex
 
 import pytest
 
+from hybrid_jax import cli
 from hybrid_jax.study import plan
 from tests.conftest import ROOT
 
@@ -60,6 +61,13 @@ def test_sweep_file_and_cli(tmp_path, capsys):
   assert '| swa128_nope_tiny | 512 | 8 | 300 |' in capsys.readouterr().out
 
 
+def _plan_status(argv) -> int:
+  """The exit status of `python -m hybrid_jax plan ARGV` through the command line's entry, in this process."""
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(['hybrid_jax', 'plan', *argv])
+  return exit_info.value.code
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--runs', f'{TINY} --config.train.stepz=3'], 'stepz does not exist'),
     (['--runs', f'{TINY} --train.steps=3'], 'not a --config.KEY=VALUE'),
@@ -67,9 +75,11 @@ def test_sweep_file_and_cli(tmp_path, capsys):
     (['--runs', TINY, TINY], 'identical'),
     (['--runs', TINY, '--mfu', '40'], 'mfu'),
     (['--sweep', 'configs/no_such_sweep.py:x'], 'does not exist'),
+    (['--sweep', 'configs/sweep.py:nosuch'], "sweep file 'configs/sweep.py': runs('nosuch') refused the argument"),
+    (['--runs', TINY, '--tflops', 'inf'], "argument --tflops: 'inf' is invalid"),
 ])
 def test_bad_input_fails_clearly(argv, message, capsys):
-  assert plan.main(argv) == 2
+  assert _plan_status(argv) == 2
   assert message in capsys.readouterr().err
 
 
@@ -101,11 +111,11 @@ def test_tpu_hours_from_compile_check_rows(tmp_path, capsys):
 
 
 @pytest.mark.parametrize('content, chip, message', [
-    (None, 'v5p', 'no such file'), ('{', 'v5p', 'not JSON'), ('{"a": 1}', 'v5p', 'list of compile-check rows'),
+    (None, 'v5p', 'does not exist'), (b'\x7fELF\x02\x01\x01\xd0\xff', 'v5p', 'not JSON'), ('{', 'v5p', 'not JSON'), ('{"a": 1}', 'v5p', 'list of compile-check rows'),
     ('[{"target": "v6e:2x4"}]', 'v5p', 'no rows for --chip v5p; it has v6e')])
 def test_bad_fit_files_fail_clearly(tmp_path, capsys, content, chip, message):
   fit = tmp_path / 'fit.json'
   if content is not None:
-    fit.write_text(content)
-  assert plan.main(['--runs', TINY, '--fit', str(fit), '--chip', chip]) == 2
+    fit.write_bytes(content if isinstance(content, bytes) else content.encode())
+  assert _plan_status(['--runs', TINY, '--fit', str(fit), '--chip', chip]) == 2
   assert message in capsys.readouterr().err

@@ -4,26 +4,14 @@ Tools: retrieval-heads, tracing, tracing-overlay, restriction, probing, gradient
 PNG into `<workdir>/analysis/` (or --out) and prints the JSON path and a one-line summary.
 """
 
-import argparse
 import sys
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 
 TOOLS = ('retrieval-heads', 'tracing', 'tracing-overlay', 'restriction', 'probing', 'gradient-influence')
 
 
-def _ints(text):
-  try:
-    return [int(x) for x in text.split(',') if x.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'expected comma-separated integers, got {text!r}') from None
-
-
-def _floats(text):
-  try:
-    return [float(x) for x in text.split(',') if x.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'expected comma-separated numbers, got {text!r}') from None
+checks.IN_DIR = checks.IN_DIR
 
 
 def _parser() -> command_line.ArgumentParser:
@@ -33,57 +21,69 @@ def _parser() -> command_line.ArgumentParser:
   def tool(name, help_text, workdir=True):
     p = sub.add_parser(name, help=help_text, description=help_text)
     if workdir:
-      p.add_argument('--workdir', required=True, help='run directory (config.json + checkpoints/)')
-      p.add_argument('--step', type=int, default=None, help='checkpoint step (default: the newest)')
-    p.add_argument('--out', default=None, help='output folder (default: <workdir>/analysis)')
-    p.add_argument('--seed', type=int, default=42, help='seed of the prompts and documents')
-    p.add_argument('--batch-size', type=int, default=8, help='sequences per forward pass')
+      p.add_argument('--workdir', required=True, type=checks.IN_DIR, help='run directory (config.json + checkpoints/)')
+      p.add_argument('--step', type=checks.NONNEGATIVE_INT, default=None, help='checkpoint step (default: the newest)')
+    p.add_argument('--out', default=None, type=checks.OUT_DIR,
+                   help='output folder (default: <workdir>/analysis)')
+    p.add_argument('--seed', type=checks.NONNEGATIVE_INT, default=42, help='seed of the prompts and documents')
+    p.add_argument('--batch-size', type=checks.POSITIVE_INT, default=8, help='sequences per forward pass')
     p.add_argument('--no-progress', action='store_true', help='no progress lines on stderr')
     return p
 
   def needle_args(p, default_source):
     p.add_argument('--source', default=default_source,
                    help='needle prompts: study, study-essay or niah_single_1/2/3 (RULER)')
-    p.add_argument('--samples', type=int, default=20, help='needle prompts')
-    p.add_argument('--length', type=int, default=None, help='prompt length in tokens (default: data.seq_len)')
+    p.add_argument('--samples', type=checks.POSITIVE_INT, default=20, help='needle prompts')
+    p.add_argument('--length', type=checks.POSITIVE_INT, default=None,
+                   help='prompt length in tokens (default: data.seq_len)')
 
   p = tool('retrieval-heads', 'Score every attention head as a retrieval head (two definitions); heat map.')
   needle_args(p, 'niah_single_1')
-  p.add_argument('--top-k', type=int, default=4, help='heads listed as the strongest')
+  p.add_argument('--top-k', type=checks.POSITIVE_INT, default=4, help='heads listed as the strongest')
 
   p = tool('tracing', 'Entropy and Q/K weight distance of retrieval heads over all saved checkpoints.')
   needle_args(p, 'study')
   p.add_argument('--heads', default='', help='LAYER:HEAD,... (default: top-k of the final checkpoint)')
-  p.add_argument('--top-k', type=int, default=4, help='heads traced when --heads is empty')
-  p.add_argument('--reference-step', type=int, default=None, help='weights compared against (default: final)')
+  p.add_argument('--top-k', type=checks.POSITIVE_INT, default=4, help='heads traced when --heads is empty')
+  p.add_argument('--reference-step', type=checks.NONNEGATIVE_INT, default=None,
+                 help='weights compared against (default: final)')
 
   p = tool('tracing-overlay', 'Overlay the traces of several runs on one plot.', workdir=False)
-  p.add_argument('--runs', nargs='+', required=True, help='run directories or tracing.json files')
+  p.add_argument('--runs', nargs='+', required=True, type=checks.flag_path(),
+                 help='run directories or tracing.json files')
   p.add_argument('--labels', nargs='*', default=None, help='legend labels, one per run (default: run names)')
 
   p = tool('restriction', 'Metrics with full-attention or efficient layers restricted to a window W (+ S sinks).')
-  p.add_argument('--windows', type=_ints, required=True, help='comma-separated windows W, e.g. 512,2048')
-  p.add_argument('--sinks', type=int, default=0, help='leading sink tokens kept visible')
+  p.add_argument('--windows', type=checks.flag_numbers(integer=True, positive=True), required=True,
+                 help='comma-separated windows W, e.g. 512,2048')
+  p.add_argument('--sinks', type=checks.NONNEGATIVE_INT, default=0, help='leading sink tokens kept visible')
   p.add_argument('--targets', default='full,efficient', help='layers to restrict: full, efficient or both')
-  p.add_argument('--chunk', type=int, default=None, help='recurrent layers: chunk C of the windowed state '
+  p.add_argument('--chunk', type=checks.POSITIVE_INT, default=None,
+                 help='recurrent layers: chunk C of the windowed state '
                  '(default W // 4; 1 = exact sliding window)')
   p.add_argument('--metrics', default='loss,niah', help='comma-separated: loss, niah, longppl')
-  p.add_argument('--seq-len', type=int, default=None, help='context for loss and NIAH (default: data.seq_len)')
-  p.add_argument('--batches', type=int, default=2, help='held-out batches for the loss')
-  p.add_argument('--buckets', type=int, default=None, help='loss-by-position buckets (default: eval.position_buckets)')
+  p.add_argument('--seq-len', type=checks.POSITIVE_INT, default=None,
+                 help='context for loss and NIAH (default: data.seq_len)')
+  p.add_argument('--batches', type=checks.POSITIVE_INT, default=2, help='held-out batches for the loss')
+  p.add_argument('--buckets', type=checks.POSITIVE_INT, default=None,
+                 help='loss-by-position buckets (default: eval.position_buckets)')
   needle_args(p, 'study')
-  p.add_argument('--longppl-texts', default=None, help='JSONL documents for LongPPL')
-  p.add_argument('--longppl-spans', default=None, help='folder of slice_<i>.txt key spans')
+  p.add_argument('--longppl-texts', default=None, type=checks.IN_FILE,
+                 help='JSONL documents for LongPPL')
+  p.add_argument('--longppl-spans', default=None, type=checks.IN_DIR,
+                 help='folder of slice_<i>.txt key spans')
 
   p = tool('probing', 'Per-layer logistic-regression probes for the needle value.')
-  p.add_argument('--samples', type=int, default=400, help='needle prompts probed')
-  p.add_argument('--length', type=int, default=None, help='prompt length in tokens (default: data.seq_len)')
+  p.add_argument('--samples', type=checks.POSITIVE_INT, default=400, help='needle prompts probed')
+  p.add_argument('--length', type=checks.POSITIVE_INT, default=None,
+                 help='prompt length in tokens (default: data.seq_len)')
   p.add_argument('--haystack', choices=('repeat', 'essay'), default='repeat', help='filler text around the needle')
 
   p = tool('gradient-influence', 'G(d): mean gradient norm of the output w.r.t. the input d tokens back.')
-  p.add_argument('--context', type=int, default=None, help='tokens per document (default: data.seq_len)')
-  p.add_argument('--samples', type=int, default=16, help='documents averaged')
-  p.add_argument('--last', type=int, default=20, help='positions averaged in s')
+  p.add_argument('--context', type=checks.POSITIVE_INT, default=None,
+                 help='tokens per document (default: data.seq_len)')
+  p.add_argument('--samples', type=checks.POSITIVE_INT, default=16, help='documents averaged')
+  p.add_argument('--last', type=checks.POSITIVE_INT, default=20, help='positions averaged in s')
   return parser
 
 
@@ -134,13 +134,10 @@ def _summary(tool, result) -> str:
 
 def main(argv=None) -> int:
   args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-  from hybrid_jax.analysis.needles import NeedleError
-  from hybrid_jax.runs import RunError
-  try:
-    result = _dispatch(args)
-  except (RunError, NeedleError, ValueError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  if getattr(args, 'workdir', None) and not args.out:  # Refused before minutes of analysis, not after.
+    checks.path(f'{args.workdir}/analysis', '--out (default: WORKDIR/analysis)', kind='dir', exists=False,
+                writable=True)
+  result = _dispatch(args)
   print(f"{args.tool}: {_summary(args.tool, result)}")
   print(f"json: {result['json']}\nplot: {result['plot']}")
   return 0

@@ -14,6 +14,7 @@ import tqdm
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis import report
 from hybrid_jax.analysis.restriction import eval_batches
+from hybrid_jax.errors import InputError
 
 
 def make_gradient_norms(model_def, *, last: int = 20):
@@ -22,7 +23,7 @@ def make_gradient_norms(model_def, *, last: int = 20):
     model = model_def.bind(params)
     t = tokens.shape[1]
     if not 0 < last <= t:
-      raise ValueError(f'last={last} must be in [1, T={t}]')
+      raise InputError(f'last={last} must be in [1, T={t}]')
     positions = jnp.broadcast_to(jnp.arange(t - last, t), (tokens.shape[0], last))
 
     def s(e):  # Rows are independent, so the gradient of the batch sum is each row's own gradient.
@@ -58,9 +59,9 @@ def run(run, *, context: int | None = None, num_samples: int = 16, batch_size: i
   """The tool on held-out text of the run's data source: `gradient_influence.json` and `.png`."""
   context = int(context or run.config.data.seq_len)
   if num_samples <= 0 or batch_size <= 0:
-    raise ValueError(f'num_samples={num_samples} and batch_size={batch_size} must be positive')
+    raise InputError(f'num_samples={num_samples} and batch_size={batch_size} must be positive')
   if not 0 < last <= context:
-    raise ValueError(f'last={last} must be in [1, context={context}]')
+    raise InputError(f'last={last} must be in [1, context={context}]')
   cfg = run.config.copy_and_resolve_references()
   cfg.train.batch_size = batch_size
   batches = eval_batches(cfg, context, -(-num_samples // batch_size))

@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hybrid_jax.errors import UserError
 from hybrid_jax.eval import ruler
 from hybrid_jax.eval.longppl import key_token_mask
 from hybrid_jax.eval.ruler_tasks import base
@@ -31,7 +32,7 @@ HAYSTACKS = ('repeat', 'essay')
 RULER_TASKS = ('niah_single_1', 'niah_single_2', 'niah_single_3')
 
 
-class NeedleError(ValueError):
+class NeedleError(UserError, ValueError):
   """A prompt cannot be built at the requested length, or its needle is not in the text."""
 
 

@@ -14,6 +14,7 @@ import tqdm
 
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis import needles, report
+from hybrid_jax.errors import InputError
 
 FEATURES = ('residual', 'delta')
 
@@ -74,9 +75,9 @@ def run(run, *, num_samples: int = 400, length: int | None = None, haystack: str
         values=needles.STUDY_VALUES, batch_size: int = 8, out=None, progress: bool = True) -> dict:
   """The tool: `probing.json` and `probing.png` in the run's analysis folder."""
   if len(values) < 2:
-    raise ValueError('probing needs at least 2 candidate values')
+    raise InputError('probing needs at least 2 candidate values')
   if num_samples < 5 * len(values):
-    raise ValueError(f'num_samples={num_samples} is too few for {len(values)} classes and a 20% stratified test '
+    raise InputError(f'num_samples={num_samples} is too few for {len(values)} classes and a 20% stratified test '
                      f'split: use at least {5 * len(values)}')
   tokenizer = run.tokenizer
   length = length or int(run.config.data.seq_len)

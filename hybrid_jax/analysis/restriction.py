@@ -20,6 +20,7 @@ from hybrid_jax.analysis import needle_probe, needles, report, retrieval_heads
 from hybrid_jax.analysis.windowed import Restriction
 from hybrid_jax.data import jsonl
 from hybrid_jax.data.pipeline import make_eval_batches
+from hybrid_jax.errors import InputError
 from hybrid_jax.eval import longppl as longppl_lib
 from hybrid_jax.eval.perplexity import loss_by_position
 from hybrid_jax.train.step import token_nll
@@ -70,7 +71,7 @@ def read_longppl_inputs(texts_path: str, spans_dir: str) -> tuple[list[str], lis
   spans = longppl_lib.read_span_dir(spans_dir)
   missing = [i for i in range(len(texts)) if i not in spans]
   if missing:
-    raise ValueError(f'{spans_dir} has no slice_<i>.txt for document(s) {missing[:5]} of {texts_path}')
+    raise InputError(f'{spans_dir} has no slice_<i>.txt for document(s) {missing[:5]} of {texts_path}')
   return texts, [spans[i] for i in range(len(texts))]
 
 
@@ -80,9 +81,9 @@ def evaluate(run, restrictions, *, metrics=('loss', 'niah'), seq_len=None, batch
   """Rows {restriction, target, window, sinks, <metric>...}: first the unrestricted model, then each restriction."""
   unknown = sorted(set(metrics) - set(METRICS))
   if unknown:
-    raise ValueError(f'unknown metric(s) {unknown}: use {", ".join(METRICS)}')
+    raise InputError(f'unknown metric(s) {unknown}: use {", ".join(METRICS)}')
   if 'longppl' in metrics and not (longppl_texts and longppl_spans):
-    raise ValueError('metric longppl needs --longppl-texts (JSONL) and --longppl-spans (folder of slice_<i>.txt)')
+    raise InputError('metric longppl needs --longppl-texts (JSONL) and --longppl-spans (folder of slice_<i>.txt)')
   tokenizer, cfg = run.tokenizer, run.config
   seq_len = int(seq_len or cfg.data.seq_len)
   inputs = {}

@@ -11,6 +11,7 @@ import numpy as np
 
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report
+from hybrid_jax.errors import InputError
 
 DEFINITIONS = ('mass', 'copy', 'copy_gold')
 
@@ -40,7 +41,7 @@ def score(model_def, model_cfg, params, samples, tokenizer, *, top_k: int = 4, b
           progress: bool = False) -> dict:
   """Per-layer, per-head scores of both definitions, the top-k heads of each, and NIAH accuracy."""
   if top_k <= 0:
-    raise ValueError(f'top_k={top_k} is invalid: must be positive')
+    raise InputError(f'top_k={top_k} is invalid: must be positive')
   encoded, skipped = encode_all(samples, tokenizer)
   probe = needle_probe.NeedleProbe(model_def, model_cfg)
   stats = probe.run(params, encoded, pad_id=tokenizer.eos_id, batch_size=batch_size, progress=progress)

@@ -16,6 +16,7 @@ import tqdm
 
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report, retrieval_heads
+from hybrid_jax.errors import InputError
 from hybrid_jax.runs import RunError, checkpoint_steps, load_run
 
 
@@ -25,7 +26,7 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
   for item in filter(None, (text or '').split(',')):
     layer, sep, head = item.partition(':')
     if not sep or not layer.strip().isdigit() or not head.strip().isdigit():
-      raise ValueError(f'bad head {item!r}: expected LAYER:HEAD, e.g. 3:1')
+      raise InputError(f'bad head {item!r}: expected LAYER:HEAD, e.g. 3:1')
     heads.append((int(layer), int(head)))
   return heads
 
@@ -41,9 +42,9 @@ def _check_heads(heads, cfg):
   attention = {l.index for l in forward_lib.layers(cfg) if l.is_attention}
   for layer, head in heads:
     if layer not in attention:
-      raise ValueError(f'layer {layer} is not an attention layer; attention layers: {sorted(attention)}')
+      raise InputError(f'layer {layer} is not an attention layer; attention layers: {sorted(attention)}')
     if not 0 <= head < cfg.num_heads:
-      raise ValueError(f'head {head} outside 0..{cfg.num_heads - 1}')
+      raise InputError(f'head {head} outside 0..{cfg.num_heads - 1}')
 
 
 def trace(workdir, *, heads=None, reference_step=None, source='study', num_samples=20, length=None, seed=42,
@@ -116,7 +117,7 @@ def overlay(inputs, *, labels=None, out='.') -> dict:
     traces.append(json.loads(path.read_text()))
   labels = list(labels) if labels else [pathlib.Path(t['workdir']).name for t in traces]
   if len(labels) != len(traces):
-    raise ValueError(f'{len(labels)} labels for {len(traces)} traces')
+    raise InputError(f'{len(labels)} labels for {len(traces)} traces')
   fig = report.figure(10, 3.6)
   ax_e, ax_d = fig.subplots(1, 2)
   for label, t in zip(labels, traces):

@@ -23,6 +23,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.errors import InputError
+
 TARGETS = ('full', 'efficient')
 RECURRENT_KINDS = ('lightning', 'mamba2', 'gdn')
 
@@ -37,13 +39,13 @@ class Restriction:
 
   def __post_init__(self):
     if self.target not in TARGETS:
-      raise ValueError(f'restriction target {self.target!r} is invalid: use one of {", ".join(TARGETS)}')
+      raise InputError(f'restriction target {self.target!r} is invalid: use one of {", ".join(TARGETS)}')
     for name, low in (('window', 1), ('sinks', 0)):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f'restriction {name}={value!r} is invalid: must be an integer >= {low}')
+        raise InputError(f'restriction {name}={value!r} is invalid: must be an integer >= {low}')
     if self.chunk is not None and not (isinstance(self.chunk, int) and 1 <= self.chunk <= self.window):
-      raise ValueError(f'restriction chunk={self.chunk!r} is invalid: must be an integer in [1, window={self.window}]')
+      raise InputError(f'restriction chunk={self.chunk!r} is invalid: must be an integer in [1, window={self.window}]')
 
   @property
   def recurrent_chunk(self) -> int:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax.bench import timing
 from hybrid_jax.kernels import attention
 
@@ -36,25 +36,29 @@ _ANCHORS = ('cudnn', 'xla')  # Speed ratios are reported against each of these t
 
 def _parse(argv):
   p = command_line.ArgumentParser(prog='python -m hybrid_jax bench attention', description=__doc__.split('\n')[0])
-  ints = lambda s: [int(x) for x in s.split(',') if x]
-  p.add_argument('--seq-lens', help='comma-separated T values (default: 2048,4096,8192 CPU; 4096,32768 GPU)')
-  p.add_argument('--windows', help="comma-separated windows; 'full' = full causal (default 128,full CPU; "
+  ints = checks.flag_numbers(integer=True, positive=True)
+  windows = checks.flag_numbers(integer=True, positive=True, words=('full', 'none', 'None'))
+  p.add_argument('--seq-lens', type=ints, help='comma-separated T values (default: 2048,4096,8192 CPU; 4096,32768 GPU)')
+  p.add_argument('--windows', type=windows, help="comma-separated windows; 'full' = full causal (default 128,full CPU; "
                  '128,512,2048,full GPU)')
-  p.add_argument('--heads', type=int, help='query heads (default: 4 on CPU, 16 on GPU/TPU)')
-  p.add_argument('--kv-heads', type=int, help='kv heads (default: --heads)')
-  p.add_argument('--head-dim', type=int, help='head dim (default: 64 on CPU, 128 on GPU/TPU)')
-  p.add_argument('--batch', type=int, help='batch size (default 1 on CPU)')
-  p.add_argument('--tokens', type=int, help='tokens per call: batch = tokens // T (default 32768 on GPU/TPU)')
-  p.add_argument('--gemm', type=int, help='size n of the n x n x n GEMM ceiling (default 1024 CPU, 8192 else)')
-  p.add_argument('--min-seconds', type=float, default=1.0, help='time each measurement at least this long')
+  p.add_argument('--heads', type=checks.POSITIVE_INT, help='query heads (default: 4 on CPU, 16 on GPU/TPU)')
+  p.add_argument('--kv-heads', type=checks.POSITIVE_INT, help='kv heads (default: --heads)')
+  p.add_argument('--head-dim', type=checks.POSITIVE_INT, help='head dim (default: 64 on CPU, 128 on GPU/TPU)')
+  p.add_argument('--batch', type=checks.POSITIVE_INT, help='batch size (default 1 on CPU)')
+  p.add_argument('--tokens', type=checks.POSITIVE_INT,
+                 help='tokens per call: batch = tokens // T (default 32768 on GPU/TPU)')
+  p.add_argument('--gemm', type=checks.POSITIVE_INT,
+                 help='size n of the n x n x n GEMM ceiling (default 1024 CPU, 8192 else)')
+  p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=1.0, help='time each measurement at least this long')
   p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default: float32 on CPU, else bf16')
   p.add_argument('--impls', help='comma-separated implementations (default xla CPU, pallas_gpu,cudnn,xla GPU)')
-  p.add_argument('--repeats', type=int,
+  p.add_argument('--repeats', type=checks.POSITIVE_INT,
                  help='fewest timed runs per measurement (more until 1 s); median reported (default 5 CPU, 20 else)')
-  p.add_argument('--timeout', type=float, default=120.0,
+  p.add_argument('--timeout', type=checks.NONNEGATIVE, default=120.0,
                  help='seconds per measurement (one implementation, T and window; compile included): past it the '
                  'row records the timeout and the sweep goes on (0: no limit)')
-  p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file (rewritten '
+  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE,
+                 help='write all rows and the run metadata to this JSON file (rewritten '
                  'after every row)')
   args = p.parse_args(argv)
   explicit = args.batch is not None, args.tokens is not None
@@ -65,8 +69,10 @@ def _parse(argv):
     args.tokens = None  # An explicit batch wins over the backend's tokens-per-call default.
   args.batch = args.batch or 1
   args.kv_heads = args.kv_heads or args.heads
-  args.seq_lens = ints(args.seq_lens)
-  args.windows = [None if w in ('full', 'none', 'None') else int(w) for w in args.windows.split(',') if w]
+  if isinstance(args.seq_lens, str):  # The backend's default.
+    args.seq_lens = ints(args.seq_lens)
+  if isinstance(args.windows, str):
+    args.windows = windows(args.windows)
   args.impls = [i for i in args.impls.split(',') if i]
   return args
 

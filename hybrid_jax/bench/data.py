@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax.config import ConfigError, load_run
 from hybrid_jax.data import pipeline, pretokenized, sources
 
@@ -32,9 +32,14 @@ def _config(spec: str, overrides: list[str]):
 def required_tokens_per_s(compile_check_json: str | None, tokens_per_s: float | None, hosts: int) -> float | None:
   """Tokens/s one host must deliver: the fastest estimated step of a compile-check JSON / hosts, else the target."""
   if compile_check_json:
-    with open(compile_check_json) as f:
-      rows = json.load(f)
-    rates = [r['estimate']['tokens_per_s'] for r in rows if isinstance(r, dict) and r.get('estimate')]
+    try:
+      with open(compile_check_json, 'rb') as f:
+        rows = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ConfigError(f'--compile-check {compile_check_json!r} is not JSON ({type(e).__name__}: {e})') from None
+    rows = rows if isinstance(rows, list) else []
+    rates = [r['estimate']['tokens_per_s'] for r in rows if isinstance(r, dict) and isinstance(r.get('estimate'), dict)
+             and 'tokens_per_s' in r['estimate']]
     if not rates:
       raise ConfigError(f'--compile-check {compile_check_json!r} holds no row with a step-time estimate (compile '
                         'for a TPU --topology, whose chip speed is known)')
@@ -122,32 +127,35 @@ def main(argv=None) -> int:
                                   epilog='--config.KEY=VALUE overrides follow --config, as for train.')
   p.add_argument('--config', required=True, help='config file[:arg]: source, seq_len, batch size')
   p.add_argument('--tokenizers', default='', help="comma-separated tokenizer specs (default: the config's)")
-  p.add_argument('--make-tokenizers', metavar='DIR', help='train a tokenizer.json and a SentencePiece model on the '
+  p.add_argument('--make-tokenizers', metavar='DIR', type=checks.OUT_DIR,
+                 help='train a tokenizer.json and a SentencePiece model on the '
                  'corpus into DIR and add them to --tokenizers')
-  p.add_argument('--workers', default='0', help='comma-separated grain worker counts (data.worker_count)')
-  p.add_argument('--batches', type=int, default=20, help='timed batches per row, at least')
-  p.add_argument('--min-seconds', type=float, default=3.0, help='timed seconds per row, at least')
-  p.add_argument('--hosts', type=int, default=1, help='hosts sharing the global batch (each measures its share)')
-  p.add_argument('--compile-check', metavar='JSON', help='compile-check --json output: the step consumption')
-  p.add_argument('--tokens-per-s', type=float, help='else: the tokens/s one host must deliver')
-  p.add_argument('--json', metavar='OUT', help='write the rows to this JSON file')
+  p.add_argument('--workers', default=[0], type=checks.flag_numbers(integer=True, nonnegative=True),
+                 help='comma-separated grain worker counts (data.worker_count)')
+  p.add_argument('--batches', type=checks.POSITIVE_INT, default=20, help='timed batches per row, at least')
+  p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=3.0, help='timed seconds per row, at least')
+  p.add_argument('--hosts', type=checks.POSITIVE_INT, default=1,
+                 help='hosts sharing the global batch (each measures its share)')
+  p.add_argument('--compile-check', metavar='JSON', type=checks.IN_FILE,
+                 help='compile-check --json output: the step consumption')
+  p.add_argument('--tokens-per-s', type=checks.flag_number(positive=True),
+                 help='else: the tokens/s one host must deliver')
+  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE, help='write the rows to this JSON file')
   args, overrides = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-  try:
-    config = _config(args.config, overrides)
-    specs = [s for s in args.tokenizers.split(',') if s] or [config.data.tokenizer]
-    if args.make_tokenizers:
-      specs += make_tokenizers(config, args.make_tokenizers)
-    workers = [int(w) for w in args.workers.split(',')]
-    required = required_tokens_per_s(args.compile_check, args.tokens_per_s, args.hosts)
-    need = f'; need {required:,.0f} tokens/s per host' if required else ''
-    print(f'data bench: {config.data.source} corpus, seq_len {config.data.seq_len}, batch '
-          f'{config.train.batch_size // args.hosts} per host (1 of {args.hosts}), {os.cpu_count()} CPUs, load '
-          f'{os.getloadavg()[0]:.1f}, >= {args.batches} batches and {args.min_seconds:g} s per row{need}', flush=True)
-    print('| path | tokenizer | workers | tokens/s per host | headroom |\n| --- | --- | --- | --- | --- |', flush=True)
-    rows = run(config, specs, workers, args.batches, args.hosts, required, args.min_seconds)
-  except (ValueError, OSError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  if overrides and not overrides[0].startswith('--config.'):
+    p.error(f'unrecognized arguments: {" ".join(overrides)}')
+  config = _config(args.config, overrides)
+  specs = [s for s in args.tokenizers.split(',') if s] or [config.data.tokenizer]
+  if args.make_tokenizers:
+    specs += make_tokenizers(config, args.make_tokenizers)
+  workers = args.workers
+  required = required_tokens_per_s(args.compile_check, args.tokens_per_s, args.hosts)
+  need = f'; need {required:,.0f} tokens/s per host' if required else ''
+  print(f'data bench: {config.data.source} corpus, seq_len {config.data.seq_len}, batch '
+        f'{config.train.batch_size // args.hosts} per host (1 of {args.hosts}), {os.cpu_count()} CPUs, load '
+        f'{os.getloadavg()[0]:.1f}, >= {args.batches} batches and {args.min_seconds:g} s per row{need}', flush=True)
+  print('| path | tokenizer | workers | tokens/s per host | headroom |\n| --- | --- | --- | --- | --- |', flush=True)
+  rows = run(config, specs, workers, args.batches, args.hosts, required, args.min_seconds)
   if args.json:
     with open(args.json, 'w') as f:
       json.dump({'required_tokens_per_s': required, 'hosts': args.hosts, 'rows': rows}, f, indent=1)

@@ -12,7 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax.config import BASE_CONFIG, load_config_file
 from hybrid_jax.train import state as state_lib
 
@@ -45,12 +45,13 @@ def main(argv=None) -> int:
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax bench decode', description=__doc__)
   parser.add_argument('--arches', default='full,swa128,gdn', help='comma-separated architectures (configs/hybrid.py)')
   parser.add_argument('--scale', default='tiny', help='model scale (configs/hybrid.py)')
-  parser.add_argument('--contexts', default='1024,4096,16384', help='comma-separated context lengths L')
-  parser.add_argument('--steps', type=int, default=30, help='timed decode steps per row')
-  parser.add_argument('--json', default=None, help='also write the rows to this JSON file')
+  parser.add_argument('--contexts', default='1024,4096,16384', type=checks.flag_numbers(integer=True, positive=True),
+                      help='comma-separated context lengths L')
+  parser.add_argument('--steps', type=checks.POSITIVE_INT, default=30, help='timed decode steps per row')
+  parser.add_argument('--json', default=None, type=checks.OUT_FILE, help='also write the rows to this JSON file')
   args = parser.parse_args(argv)
   rows = [measure(arch, args.scale, int(ctx), args.steps, pure)
-          for arch in args.arches.split(',') for pure in (False, True) for ctx in args.contexts.split(',')
+          for arch in args.arches.split(',') for pure in (False, True) for ctx in args.contexts
           if not (pure and arch == 'full')]
   print(f'decode bench: {jax.devices()[0].device_kind}, jax {jax.__version__}, scale {args.scale}, batch 1')
   print('| arch | layer cycle | context | ms / token | decode state MiB |')

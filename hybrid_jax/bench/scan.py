@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax.bench import timing
 from hybrid_jax.bench.attention import ceilings
 from hybrid_jax.kernels import gated_delta_rule
@@ -53,7 +53,7 @@ FLA_NOTE = ('fla backward on Hopper with Triton < 3.7.1 is refused upstream (a m
 
 def _parse(argv):
   p = command_line.ArgumentParser(prog='python -m hybrid_jax bench scan', description=__doc__.split('\n')[0])
-  ints = lambda s: [int(x) for x in s.split(',') if x]
+  ints = checks.flag_numbers(integer=True, positive=True)
   names = lambda s: [x for x in s.split(',') if x]
   p.add_argument('--seq-lens', type=ints, help='comma-separated T values (default 1024,4096,16384 CPU; '
                  '2048,8192,32768 GPU/TPU)')
@@ -61,24 +61,25 @@ def _parse(argv):
   p.add_argument('--impls', type=names, help='comma-separated implementations (default xla,reference CPU; '
                  'pallas_gpu,xla GPU)')
   p.add_argument('--baseline', help='implementation the speed-ups are relative to (default reference CPU, xla else)')
-  p.add_argument('--batch', type=int, help='batch size (default: by device)')
-  p.add_argument('--heads', type=int, help='heads (default: by device)')
-  p.add_argument('--head-dim', type=int, help='K = V')
-  p.add_argument('--chunk-size', type=int, default=64, help='chunk length of the chunked kernels')
+  p.add_argument('--batch', type=checks.POSITIVE_INT, help='batch size (default: by device)')
+  p.add_argument('--heads', type=checks.POSITIVE_INT, help='heads (default: by device)')
+  p.add_argument('--head-dim', type=checks.POSITIVE_INT, help='K = V')
+  p.add_argument('--chunk-size', type=checks.POSITIVE_INT, default=64, help='chunk length of the chunked kernels')
   p.add_argument('--dtype', choices=['float32', 'bfloat16'], help='input dtype (default: by device)')
   p.add_argument('--no-bwd', action='store_true', help='time the forward pass only')
-  p.add_argument('--repeats', type=int, help='fewest timed runs (more until --min-seconds)')
-  p.add_argument('--min-seconds', type=float, default=0.5, help='fewest seconds of timed runs per row')
-  p.add_argument('--gemm', type=int, help='n of the n^3 GEMM ceiling (default 1024 CPU, 8192 else)')
+  p.add_argument('--repeats', type=checks.POSITIVE_INT, help='fewest timed runs (more until --min-seconds)')
+  p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=0.5, help='fewest seconds of timed runs per row')
+  p.add_argument('--gemm', type=checks.POSITIVE_INT, help='n of the n^3 GEMM ceiling (default 1024 CPU, 8192 else)')
   p.add_argument('--fla', action='store_true', help='also time fla (needs fla-core, torch and a CUDA GPU)')
   p.add_argument('--parity', action='store_true', help='check values and gradients on this device first')
   p.add_argument('--parity-only', action='store_true', help='run the parity checks and no timings')
-  p.add_argument('--timeout', type=float, default=120.0,
+  p.add_argument('--timeout', type=checks.NONNEGATIVE, default=120.0,
                  help='seconds per measurement (each implementation and fla kernel at each T; compile included) '
                  'and per parity case; past it the row records the timeout and the run goes on (0: no limit)')
-  p.add_argument('--parity-budget', type=float, default=55.0,
+  p.add_argument('--parity-budget', type=checks.NONNEGATIVE, default=55.0,
                  help='seconds for all parity cases: cases not started by then are recorded as skipped')
-  p.add_argument('--json', metavar='OUT', help='write all rows and the run metadata to this JSON file (rewritten '
+  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE,
+                 help='write all rows and the run metadata to this JSON file (rewritten '
                  'after every row)')
   args = p.parse_args(argv)
   for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():

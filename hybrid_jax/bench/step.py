@@ -32,7 +32,7 @@ import time
 import jax
 import numpy as np
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax.bench import profile
 from hybrid_jax.config import ConfigError, key_parent, load_config_file, validate
 from hybrid_jax.models import flops as flops_lib, pattern
@@ -43,27 +43,23 @@ from hybrid_jax.train import metrics, optim, state as state_lib, step as step_li
 def _parse(argv):
   p = command_line.ArgumentParser(prog='python -m hybrid_jax bench step', description=__doc__.split('\n')[0])
   p.add_argument('--config', required=True, help='config file[:arg], e.g. configs/hybrid.py:arch=gdn,scale=s1')
-  p.add_argument('--seq_len', type=int, help='override data.seq_len')
-  p.add_argument('--batch_size', type=int, help='override train.batch_size (global sequences per step)')
-  p.add_argument('--grad_accum', type=int, help='override train.grad_accum')
+  p.add_argument('--seq_len', type=checks.POSITIVE_INT, help='override data.seq_len')
+  p.add_argument('--batch_size', type=checks.POSITIVE_INT, help='override train.batch_size (global sequences per step)')
+  p.add_argument('--grad_accum', type=checks.POSITIVE_INT, help='override train.grad_accum')
   p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                  help='any config override, repeatable, e.g. --set model.remat=full --set model.scan_layers=False')
-  p.add_argument('--steps', type=int, default=5, help='timed steady steps (after one warm-up step)')
-  p.add_argument('--profile-steps', type=int, default=2,
+  p.add_argument('--steps', type=checks.POSITIVE_INT, default=5, help='timed steady steps (after one warm-up step)')
+  p.add_argument('--profile-steps', type=checks.NONNEGATIVE_INT, default=2,
                  help='steps traced by the profiler for the breakdown by part (0 = no breakdown)')
-  p.add_argument('--trace-dir', help='keep the profiler trace here (viewable in TensorBoard / Perfetto); '
+  p.add_argument('--trace-dir', type=checks.OUT_DIR,
+                 help='keep the profiler trace here (viewable in TensorBoard / Perfetto); '
                  'default: a temporary directory, deleted afterwards')
-  p.add_argument('--json', metavar='OUT', help='write the full result to this JSON file')
+  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE, help='write the full result to this JSON file')
   p.add_argument('--dry-run', action='store_true', help='validate the config and print its model FLOPs; no compile')
   p.add_argument('--compile-only', action='store_true',
                  help='compile the step from shapes only and report compile time and compiled memory (nothing is '
                       'allocated or run: checks that a configuration fits before spending device time)')
-  args = p.parse_args(argv)
-  if args.steps < 1:
-    p.error('--steps must be >= 1')
-  if args.profile_steps < 0:
-    p.error('--profile-steps must be >= 0')
-  return args
+  return p.parse_args(argv)
 
 
 def _literal(text):
@@ -294,19 +290,15 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = _parse(argv)
   args.argv = argv
-  try:
-    if args.dry_run:
-      config = load_config(args.config, seq_len=args.seq_len, batch_size=args.batch_size,
-                           grad_accum=args.grad_accum, overrides=args.set)
-      print(f'{config.name}: config valid ({config.data.seq_len} x {config.train.batch_size}, grad_accum '
-            f'{config.train.grad_accum}, remat {config.model.remat}, scan_layers {config.model.scan_layers}, '
-            f'loss_chunk {config.train.loss_chunk})')
-      print(flops_lib.breakdown_markdown(config.model, config.data.seq_len))
-      return 0
-    result = run(args)
-  except ConfigError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  if args.dry_run:
+    config = load_config(args.config, seq_len=args.seq_len, batch_size=args.batch_size,
+                         grad_accum=args.grad_accum, overrides=args.set)
+    print(f'{config.name}: config valid ({config.data.seq_len} x {config.train.batch_size}, grad_accum '
+          f'{config.train.grad_accum}, remat {config.model.remat}, scan_layers {config.model.scan_layers}, '
+          f'loss_chunk {config.train.loss_chunk})')
+    print(flops_lib.breakdown_markdown(config.model, config.data.seq_len))
+    return 0
+  result = run(args)
   print(report(result))
   if args.json:
     with open(args.json, 'w') as fh:

@@ -7,8 +7,10 @@ parser they share, so a malformed line reads the same wherever it turns up.
 import json
 import os
 
+from hybrid_jax.errors import UserError
 
-class JsonlError(ValueError):
+
+class JsonlError(UserError, ValueError):
   """A JSON-lines file is missing, or one of its lines is not a record with the required fields."""
 
 

@@ -18,14 +18,17 @@ directory refuses a manifest made with another tokenizer, and a missing, truncat
 
 import datetime
 import json
+import logging
 import os
+import pathlib
 import shlex
-import sys
+import shutil
 
 import grain
 import numpy as np
+import tqdm
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax.config import ConfigError, load_run
 from hybrid_jax.data import pipeline, sources, tokenizers
 
@@ -49,7 +52,8 @@ def _shard_name(split: str, index: int) -> str:
   return f'{split}-{index:05d}.array_record'
 
 
-def _write_split(source, tokenizer, out_dir: str, split: str, shard_tokens: int, workers: int) -> dict:
+def _write_split(source, tokenizer, out_dir: str, split: str, shard_tokens: int, workers: int,
+                 progress: bool = False) -> dict:
   """Writes `source` in index order into shards of at most `shard_tokens` tokens (a longer document gets its own)."""
   from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
   docs = grain.MapDataset.source(source).map(tokenizer.encode).to_iter_dataset(
@@ -63,7 +67,10 @@ def _write_split(source, tokenizer, out_dir: str, split: str, shard_tokens: int,
     shard['bytes'] = os.path.getsize(os.path.join(out_dir, shard['file']))
     shards.append(shard)
 
+  bar = tqdm.tqdm(total=len(source), desc=f'pretokenize {split}', unit='doc', disable=not progress,
+                  dynamic_ncols=True)
   for tokens in docs:
+    bar.update(1)
     if writer is None or (shard['tokens'] and shard['tokens'] + len(tokens) > shard_tokens):
       if writer is not None:
         close()
@@ -73,24 +80,42 @@ def _write_split(source, tokenizer, out_dir: str, split: str, shard_tokens: int,
     writer.write(np.asarray(tokens, _DTYPE).tobytes())
     shard['documents'] += 1
     shard['tokens'] += len(tokens)
+  bar.close()
   if writer is not None:
     close()
   return {'documents': sum(s['documents'] for s in shards), 'tokens': sum(s['tokens'] for s in shards),
           'shards': shards}
 
 
-def pretokenize(config, out_dir: str, shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int = 0) -> dict:
-  """Tokenizes both splits of config.data's source into `out_dir` (which must hold no manifest yet)."""
+# The sources pretokenize reads: text (the others are token directories already, or synthetic and made per run).
+TEXT_SOURCES = ('builtin', 'files', 'tfds', 'parquet')
+
+
+def pretokenize(config, out_dir: str, shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int = 0,
+                progress: bool = False) -> dict:
+  """Tokenizes both splits of config.data's source into `out_dir` (a new or empty directory).
+
+  Everything is written into a hidden sibling folder first, which becomes `out_dir` by one rename once the manifest
+  is complete: a stopped run leaves no directory that looks like a corpus (the next run clears its leftovers).
+  """
   d = config.data
-  if d.source == 'pretokenized':
-    raise ConfigError("config.data.source='pretokenized' is invalid for pretokenize: name the text source "
-                      '(builtin, files, tfds, parquet) to tokenize')
-  if shard_tokens <= 0:
-    raise ValueError(f'shard_tokens={shard_tokens} is invalid: must be positive')
-  if os.path.exists(os.path.join(out_dir, MANIFEST)):
+  if d.source not in TEXT_SOURCES:
+    raise ConfigError(f'config.data.source={d.source!r} is invalid for pretokenize: name the text source '
+                      f'({", ".join(TEXT_SOURCES)}) to tokenize')
+  checks.number(shard_tokens, '--shard-tokens', integer=True, positive=True)
+  checks.number(workers, '--workers', integer=True, nonnegative=True)
+  out = pathlib.Path(out_dir)
+  if (out / MANIFEST).exists():
     raise ConfigError(f'{out_dir} already holds a pretokenized corpus ({MANIFEST}); choose another --out')
+  checks.path(out, '--out', kind='dir', exists=False, writable=True)
+  if out.is_dir() and any(out.iterdir()):
+    raise ConfigError(f'--out={out_dir}: holds other files; pretokenize writes a new (or empty) directory')
   tokenizer = pipeline.checked_tokenizer(config)
-  os.makedirs(out_dir, exist_ok=True)
+  partial = out.parent / f'.{out.name}.partial'
+  if partial.exists():
+    logging.warning('removing %s, left by a pretokenize that did not finish', partial)
+    shutil.rmtree(partial)
+  partial.mkdir(parents=True)
   manifest = {
       'format': FORMAT,
       'created': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'),
@@ -100,14 +125,21 @@ def pretokenize(config, out_dir: str, shard_tokens: int = DEFAULT_SHARD_TOKENS, 
       'made_with_seq_len': int(d.seq_len),  # For the record only: documents do not depend on it.
       'splits': {},
   }
-  for split in SPLITS:
-    source = sources.make_source(d, split)
-    manifest.setdefault('source', _source_record(d, source))
-    manifest['splits'][split] = {'source': repr(source), **_write_split(source, tokenizer, out_dir, split,
-                                                                        shard_tokens, workers)}
-  with open(os.path.join(out_dir, MANIFEST), 'w') as f:
-    json.dump(manifest, f, indent=1)
-    f.write('\n')
+  try:
+    for split in SPLITS:
+      source = sources.make_source(d, split)
+      manifest.setdefault('source', _source_record(d, source))
+      manifest['splits'][split] = {'source': repr(source), **_write_split(source, tokenizer, str(partial), split,
+                                                                          shard_tokens, workers, progress)}
+    with open(partial / MANIFEST, 'w') as f:
+      json.dump(manifest, f, indent=1)
+      f.write('\n')
+    if out.is_dir():
+      out.rmdir()  # Empty (checked above); the rename takes its place.
+    os.rename(partial, out)
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
   return manifest
 
 
@@ -207,16 +239,19 @@ def main(argv) -> int:
                                        epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
                                        '--config as for train.')
   parser.add_argument('--config', required=True, help='config file[:arg], as for train')
-  parser.add_argument('--out', required=True, help='directory to write (shards + manifest.json)')
-  parser.add_argument('--shard-tokens', type=int, default=DEFAULT_SHARD_TOKENS, help='tokens per shard, at most')
-  parser.add_argument('--workers', type=int, default=0, help='grain worker processes that tokenize')
+  parser.add_argument('--out', required=True, type=checks.OUT_DIR,
+                      help='directory to write (shards + manifest.json); written under a temporary name and renamed '
+                      'when complete')
+  parser.add_argument('--shard-tokens', type=checks.POSITIVE_INT,
+                      default=DEFAULT_SHARD_TOKENS, help='tokens per shard, at most')
+  parser.add_argument('--workers', type=checks.NONNEGATIVE_INT, default=0,
+                      help='grain worker processes that tokenize')
+  parser.add_argument('--no-progress', action='store_true', help='no progress bar')
   args, overrides = parser.parse_known_args(argv)
-  try:
-    _, _, config = load_run(shlex.join([args.config, *overrides]))
-    manifest = pretokenize(config, args.out, args.shard_tokens, args.workers)
-  except (ValueError, OSError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  if overrides and not overrides[0].startswith('--config.'):
+    parser.error(f'unrecognized arguments: {" ".join(overrides)}')
+  _, _, config = load_run(shlex.join([args.config, *overrides]))
+  manifest = pretokenize(config, args.out, args.shard_tokens, args.workers, progress=not args.no_progress)
   for split, entry in manifest['splits'].items():
     print(f"{split}: {entry['documents']} documents, {entry['tokens']} tokens, {len(entry['shards'])} shards")
   print(f'train on it with --config.data.source=pretokenized --config.data.paths={args.out} '

@@ -10,11 +10,13 @@ split survives moving the corpus and never depends on Python's per-process `hash
 """
 
 import dataclasses
+import difflib
 import glob
 import gzip
 import hashlib
 import logging
 import os
+import re
 import sysconfig
 from typing import Iterator
 
@@ -22,13 +24,14 @@ import numpy as np
 
 from hybrid_jax.config import ConfigError
 from hybrid_jax.data import jsonl
+from hybrid_jax.errors import UserError
 
 TEXT_SUFFIXES = ('.txt', '.txt.gz')
 JSONL_SUFFIXES = ('.jsonl', '.jsonl.gz')
 _SKIPPED_DIRS = ('site-packages', 'dist-packages', '__pycache__')
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
   """Input data is malformed; the message names the file (and line) at fault."""
 
 
@@ -294,6 +297,18 @@ class FilesSource:
 # ------------------------------------------------------------------------------------------------ TFDS
 
 
+def _first_line(error) -> str:
+  """An error's first line: TFDS appends hundreds of lines (every dataset it knows) to 'not found'."""
+  return (str(error).strip().splitlines() or [''])[0]
+
+
+def _near_tfds(name: str, error) -> str:
+  """' Did you mean ...?' with the names closest to `name` among those TFDS's not-found message lists."""
+  listed = re.findall(r'^\s+- (\S+)$', str(error), re.M)
+  near = difflib.get_close_matches(name.partition(':')[0].partition('/')[0], listed, n=3)
+  return f' Did you mean {", ".join(near)}?' if near else ''
+
+
 class TfdsSource:
   """A TFDS split through `tfds.data_source` (ArrayRecord, random access, no TensorFlow needed)."""
 
@@ -305,7 +320,7 @@ class TfdsSource:
       self._source = tfds.data_source(name, split=split, data_dir=data_dir or None)
     except Exception as e:  # TFDS raises many types (DatasetNotFoundError, AssertionError, ValueError...).
       raise ConfigError(f'config.data.tfds_name={name!r} (split {split!r}, data_dir {data_dir!r}) cannot be read '
-                        f'as a TFDS data source: {type(e).__name__}: {e}') from e
+                        f'as a TFDS data source: {type(e).__name__}: {_first_line(e)}{_near_tfds(name, e)}') from e
 
   def __len__(self):
     return len(self._source)

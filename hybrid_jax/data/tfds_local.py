@@ -19,8 +19,9 @@ import os
 
 import tensorflow_datasets as tfds
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax.data import sources
+from hybrid_jax.errors import InputError
 
 NAME = 'hybrid_jax_local_files'
 
@@ -81,8 +82,8 @@ def _config_name(files, eval_fraction: float, text_field: str) -> str:
 
 def build_local_tfds(paths: str, data_dir: str, eval_fraction: float = 0.02, text_field: str = 'text') -> str:
   """Builds (or reuses) the ArrayRecord dataset under `data_dir`; returns the name for config.data.tfds_name."""
-  if not 0 < eval_fraction < 1:
-    raise ValueError(f'eval_fraction={eval_fraction!r} is invalid: must be strictly between 0 and 1')
+  if not 0 < checks.number(eval_fraction, '--eval-fraction', positive=True) < 1:
+    raise InputError(f'--eval-fraction={eval_fraction!r} is invalid: must be strictly between 0 and 1')
   files = sources.resolve_paths(paths)
   config = LocalFilesConfig(name=_config_name(files, eval_fraction, text_field), paths=paths,
                             eval_fraction=eval_fraction, text_field=text_field,
@@ -96,14 +97,12 @@ def main(argv) -> int:
   """`python -m hybrid_jax build-tfds PATHS DATA_DIR`: build the dataset and print the config flags to use it."""
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax build-tfds', description=main.__doc__)
   parser.add_argument('paths', help='comma-separated .txt / .jsonl(.gz) files, directories or globs')
-  parser.add_argument('data_dir', help='TFDS data_dir to write into')
-  parser.add_argument('--eval-fraction', type=float, default=0.02, help='share of documents held out for eval')
+  parser.add_argument('data_dir', type=checks.OUT_DIR,
+                      help='TFDS data_dir to write into')
+  parser.add_argument('--eval-fraction', type=checks.flag_number(positive=True, high=1), default=0.02,
+                      help='share of documents held out for eval (below 1)')
   parser.add_argument('--text-field', default='text', help='JSONL field holding the text')
   args = parser.parse_args(argv)
-  try:
-    name = build_local_tfds(args.paths, args.data_dir, args.eval_fraction, args.text_field)
-  except (ValueError, OSError) as e:
-    print(f'error: {e}', file=__import__('sys').stderr)
-    return 2
+  name = build_local_tfds(args.paths, args.data_dir, args.eval_fraction, args.text_field)
   print(f'--config.data.source=tfds --config.data.tfds_name={name} --config.data.tfds_data_dir={args.data_dir}')
   return 0

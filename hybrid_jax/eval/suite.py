@@ -16,12 +16,13 @@ import tqdm
 
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.data import jsonl, pipeline, sources
+from hybrid_jax.errors import UserError
 from hybrid_jax.eval import longbench, longppl, niah, perplexity, position, ruler
 from hybrid_jax.eval.scoring import ModelScorer
 from hybrid_jax.train import step as step_lib
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
   """A task request cannot run: unknown task, missing data file, or an unusable context length."""
 
 

@@ -5,6 +5,8 @@ tensors between the two layouts, `io` reads and writes checkpoint and run direct
 `python -m hybrid_jax hf export|import`. docs/HF.md has the mapping table and what is refused.
 """
 
+from hybrid_jax.errors import UserError
 
-class HFError(ValueError):
+
+class HFError(UserError, ValueError):
   """A config or checkpoint that cannot be translated exactly; the message names the field and what is allowed."""

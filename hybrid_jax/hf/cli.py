@@ -10,19 +10,21 @@ Each prints one JSON summary line; a checkpoint or run that cannot be mapped exa
 """
 
 import json
-import sys
 
-from hybrid_jax import command_line
-from hybrid_jax.hf import HFError, config_map, io
+from hybrid_jax import checks, command_line
+from hybrid_jax.hf import config_map, io
 
 
 def _parser() -> command_line.ArgumentParser:
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax hf', description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest='action', required=True)
   export = sub.add_parser('export', help='write a run checkpoint as config.json + safetensors + tokenizer files')
-  export.add_argument('--workdir', required=True, help='run directory (config.json + checkpoints/)')
-  export.add_argument('--out', required=True, help='output directory for the transformers checkpoint')
-  export.add_argument('--step', type=int, default=None, help='checkpoint step (default: the newest)')
+  export.add_argument('--workdir', required=True, type=checks.IN_DIR,
+                      help='run directory (config.json + checkpoints/)')
+  export.add_argument('--out', required=True, type=checks.OUT_DIR,
+                      help='output directory for the transformers checkpoint')
+  export.add_argument('--step', type=checks.NONNEGATIVE_INT, default=None,
+                      help='checkpoint step (default: the newest)')
   export.add_argument('--arch', default='auto', choices=['auto', *config_map.HF_CLASSES],
                       help='transformers architecture (auto: Llama, Mistral or SmolLM3, the plainest that fits)')
   export.add_argument('--dtype', default='float32', choices=list(io.EXPORT_DTYPES), help='tensor dtype on disk')
@@ -30,11 +32,12 @@ def _parser() -> command_line.ArgumentParser:
                       help='largest safetensors file (e.g. 5GB, 500MB, 2GiB): shards listed in '
                            'model.safetensors.index.json; default: one model.safetensors')
   imp = sub.add_parser('import', help='write a run directory from a transformers checkpoint directory')
-  imp.add_argument('path', help='directory with config.json and safetensors')
-  imp.add_argument('--workdir', required=True, help='new run directory to create')
+  imp.add_argument('path', type=checks.IN_DIR, help='directory with config.json and safetensors')
+  imp.add_argument('--workdir', required=True, type=checks.OUT_DIR,
+                   help='new run directory to create')
   imp.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
                    help="the run's compute dtype (model.dtype); weights are kept in float32")
-  imp.add_argument('--tensor-names', default=None,
+  imp.add_argument('--tensor-names', default=None, type=checks.IN_FILE,
                    help='JSON tensor-name table {"top": {...}, "layer": {...}, "sinks": ...} (default: the table '
                         "of the checkpoint's model_type)")
   return parser
@@ -42,15 +45,12 @@ def _parser() -> command_line.ArgumentParser:
 
 def main(argv) -> int:
   args = _parser().parse_args(argv)
-  from hybrid_jax.runs import RunError  # pylint: disable=g-import-not-at-top
-  try:
-    if args.action == 'export':
-      summary = io.export_run(args.workdir, args.out, step=args.step, arch=args.arch, dtype=args.dtype,
-                              max_shard_size=args.max_shard_size)
-    else:
-      summary = io.import_hf(args.path, args.workdir, dtype=args.dtype, table=args.tensor_names)
-  except (HFError, RunError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  if args.action == 'export':
+    checks.path(args.out, '--out', exists=False, outside=f'{args.workdir}/checkpoints')  # Not into the run's own.
+    summary = io.export_run(args.workdir, args.out, step=args.step, arch=args.arch, dtype=args.dtype,
+                            max_shard_size=args.max_shard_size)
+  else:
+    checks.path(args.workdir, '--workdir', exists=False, outside=args.path)  # Not inside the checkpoint read.
+    summary = io.import_hf(args.path, args.workdir, dtype=args.dtype, table=args.tensor_names)
   print(json.dumps(summary))
   return 0

@@ -10,6 +10,7 @@ checkpoint's tokenizer (tokenizer.json preferred over tokenizer.model) becomes t
 """
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -49,6 +50,19 @@ def parse_size(text) -> int:
   return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or '').lower()])
 
 
+def _umask_mode() -> int:
+  """The mode a plain new file gets here (0644 under the usual umask 022)."""
+  umask = os.umask(0)
+  os.umask(umask)
+  return 0o666 & ~umask
+
+
+def _save_file(tensors: dict, file: pathlib.Path):
+  """safetensors' save_file, with the permissions of any other new file (it writes 0600, unreadable to others)."""
+  save_file(tensors, str(file), metadata={'format': 'pt'})
+  os.chmod(file, _umask_mode())
+
+
 def _save_tensors(tensors: dict, out: pathlib.Path, max_shard_bytes: int | None) -> list[str]:
   """One model.safetensors, or shards of at most `max_shard_bytes` (a larger tensor gets a shard of its own, in
   tensor order) with model.safetensors.index.json, as transformers writes them; returns the files written."""
@@ -60,11 +74,11 @@ def _save_tensors(tensors: dict, out: pathlib.Path, max_shard_bytes: int | None)
     shards[-1].append(name)
     size += x.nbytes
   if len(shards) == 1:
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={'format': 'pt'})
+    _save_file(tensors, out / WEIGHTS_FILE)
     return [WEIGHTS_FILE]
   files = [SHARD_NAME.format(i + 1, len(shards)) for i in range(len(shards))]
   for file, names in zip(files, shards):
-    save_file({n: tensors[n] for n in names}, str(out / file), metadata={'format': 'pt'})
+    _save_file({n: tensors[n] for n in names}, out / file)
   index = {'metadata': {'total_size': sum(x.nbytes for x in tensors.values())},
            'weight_map': {n: file for file, names in zip(files, shards) for n in names}}
   (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + '\n')
@@ -138,17 +152,28 @@ def read_hf_config(path) -> dict:
     raise HFError(f'{config_file} is not valid JSON: {e}') from e
 
 
+def _damaged(file, e) -> HFError:
+  return HFError(f'{file} cannot be read as safetensors (truncated or not safetensors?): {type(e).__name__}: {e}')
+
+
 class TensorReader:
-  """Tensor names and lazy reads across one safetensors file or the shards of an index."""
+  """Tensor names and lazy reads across one safetensors file or the shards of an index; a truncated, corrupt or
+  missing file is an HFError naming it."""
 
   def __init__(self, path):
     path = pathlib.Path(path)
     if (path / INDEX_FILE).is_file():
-      weight_map = json.loads((path / INDEX_FILE).read_text()).get('weight_map', {})
+      try:
+        weight_map = json.loads((path / INDEX_FILE).read_text()).get('weight_map', {})
+      except (ValueError, AttributeError) as e:  # Not JSON, not UTF-8, or not an object.
+        raise HFError(f'{path / INDEX_FILE} is not a safetensors index: {type(e).__name__}: {e}') from None
       self.files = {name: path / shard for name, shard in weight_map.items()}
     elif (path / WEIGHTS_FILE).is_file():
-      with safe_open(str(path / WEIGHTS_FILE), framework='numpy') as f:
-        self.files = {name: path / WEIGHTS_FILE for name in f.keys()}
+      try:
+        with safe_open(str(path / WEIGHTS_FILE), framework='numpy') as f:
+          self.files = {name: path / WEIGHTS_FILE for name in f.keys()}
+      except Exception as e:  # pylint: disable=broad-except  # safetensors raises its own SafetensorError.
+        raise _damaged(path / WEIGHTS_FILE, e) from e
     else:
       raise HFError(f'{path} holds no {WEIGHTS_FILE} or {INDEX_FILE} (only safetensors checkpoints are read)')
 
@@ -157,8 +182,14 @@ class TensorReader:
     return list(self.files)
 
   def __call__(self, name: str) -> np.ndarray:
-    with safe_open(str(self.files[name]), framework='numpy') as f:
-      return f.get_tensor(name)
+    file = self.files[name]
+    if not file.is_file():
+      raise HFError(f'{file}: listed in {INDEX_FILE} for tensor {name!r}, but missing')
+    try:
+      with safe_open(str(file), framework='numpy') as f:
+        return f.get_tensor(name)
+    except Exception as e:  # pylint: disable=broad-except  # safetensors raises its own SafetensorError.
+      raise _damaged(file, e) from e
 
 
 def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable | None = None):

@@ -14,13 +14,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from hybrid_jax.errors import UserError
 from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import rules as rules_lib
 
 AXES = rules_lib.MESH_AXES
 
 
-class MeshError(ValueError):
+class MeshError(UserError, ValueError):
   """The requested mesh shape does not fit the devices."""
 
 

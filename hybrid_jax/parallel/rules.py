@@ -9,11 +9,13 @@ in the sharding report.
 
 import dataclasses
 
+from hybrid_jax.errors import UserError
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 LOGICAL_AXES = ('batch', 'seq', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'vocab', 'state', 'layers')
 
 
-class ShardingRuleError(ValueError):
+class ShardingRuleError(UserError, ValueError):
   """The logical-axis rules cannot lay out a tensor (or name unknown axes)."""
 
 

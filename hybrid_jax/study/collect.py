@@ -12,9 +12,8 @@ resume changed ('train.lr@13': from step 13 on; empty when the run trained as co
 import csv
 import json
 import pathlib
-import sys
 
-from hybrid_jax import command_line
+from hybrid_jax import checks, command_line
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.train import config_history
@@ -100,14 +99,12 @@ def write_table(rows: list[dict], path) -> list[str]:
 def main(argv) -> int:
   """Gather the final metrics of run directories into one TSV table."""
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax collect', description=__doc__)
-  parser.add_argument('workdirs', nargs='+', help='run directories (config.json, report.json, eval/)')
-  parser.add_argument('--out', required=True, help='output TSV path')
+  parser.add_argument('workdirs', nargs='+', type=checks.IN_DIR,
+                      help='run directories (config.json, report.json, eval/)')
+  parser.add_argument('--out', required=True, type=checks.OUT_FILE,
+                      help='output TSV path')
   args = parser.parse_args(argv)
-  try:
-    rows = collect(args.workdirs)
-  except runs_lib.RunError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  rows = collect(args.workdirs)
   columns = write_table(rows, args.out)
   print(f'{len(rows)} runs, {len(columns)} columns -> {args.out}')
   return 0

@@ -29,8 +29,8 @@ import re
 import shlex
 import sys
 
-from hybrid_jax import command_line
-from hybrid_jax.config import ConfigError, load_python_file, load_run, resolve_path
+from hybrid_jax import checks, command_line
+from hybrid_jax.config import ConfigError, call_file_function, load_python_file, load_run, resolve_path
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 
@@ -38,9 +38,7 @@ def sweep_runs(spec: str) -> list[str]:
   """The run strings of a sweep `FILE[:NAME]`: FILE's `runs(NAME)` (NAME None when absent)."""
   path, _, name = spec.partition(':')
   module = load_python_file(resolve_path(path), 'sweep')
-  if not hasattr(module, 'runs'):
-    raise ConfigError(f'sweep file {path!r} defines no runs(name) function')
-  runs = list(module.runs(name or None))
+  runs = list(call_file_function(module, 'runs', name or None, f'sweep file {path!r}'))
   if not runs or not all(isinstance(r, str) for r in runs):
     raise ConfigError(f'sweep {spec!r}: runs({name!r}) must return a non-empty list of config strings')
   return runs
@@ -63,12 +61,13 @@ def plan_run(run: str, tflops: float, mfu: float) -> dict:
 
 def load_fit_rows(path, chip: str) -> dict:
   """(arch, scale, seq_len) -> compile-check row on `chip` (e.g. 'v5p') from a compile-check JSON file."""
+  if not pathlib.Path(path).exists():
+    raise ConfigError(f'--fit {path}: no such file (write one with compile-check --json)')
+  checks.path(path, '--fit', kind='file')
   try:
-    rows = json.loads(pathlib.Path(path).read_text())
-  except FileNotFoundError:
-    raise ConfigError(f'--fit {path}: no such file (write one with compile-check --json)') from None
-  except json.JSONDecodeError as e:
-    raise ConfigError(f'--fit {path}: not JSON ({e})') from None
+    rows = json.loads(pathlib.Path(path).read_bytes())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConfigError(f'--fit {path}: not JSON ({type(e).__name__}: {e})') from None
   if not isinstance(rows, list) or not all(isinstance(r, dict) and 'target' in r for r in rows):
     raise ConfigError(f'--fit {path}: expected a list of compile-check rows (compile-check --json)')
   chips = sorted({r['target'].partition(':')[0] for r in rows})
@@ -174,19 +173,20 @@ def main(argv=None) -> int:
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument('--sweep', help='sweep file[:name]; its runs(name) returns config strings')
   source.add_argument('--runs', nargs='+', help='config strings, e.g. configs/hybrid.py:arch=gdn,scale=s1')
-  p.add_argument('--tflops', type=float, default=989.0, help='peak TFLOP/s of one device (default: H100/H200 bf16)')
-  p.add_argument('--mfu', type=float, default=0.4, help='expected model FLOPs utilisation, a fraction')
-  p.add_argument('--launch-list', metavar='FILE', help='write one launcher command line per run')
-  p.add_argument('--json', metavar='FILE', help='write the plan as JSON')
-  p.add_argument('--fit', metavar='FILE', help="compile-check rows (--json), e.g. docs/TPU_FIT.json: add TPU-hours")
+  p.add_argument('--tflops', type=checks.flag_number(positive=True), default=989.0,
+                 help='peak TFLOP/s of one device (default: H100/H200 bf16)')
+  p.add_argument('--mfu', type=checks.flag_number(positive=True, high=1), default=0.4,
+                 help='expected model FLOPs utilisation, a fraction')
+  p.add_argument('--launch-list', metavar='FILE', type=checks.OUT_FILE,
+                 help='write one launcher command line per run')
+  p.add_argument('--json', metavar='FILE', type=checks.OUT_FILE,
+                 help='write the plan as JSON')
+  p.add_argument('--fit', metavar='FILE', type=checks.IN_FILE,
+                 help="compile-check rows (--json), e.g. docs/TPU_FIT.json: add TPU-hours")
   p.add_argument('--chip', default='v5p', help='with --fit: the TPU generation whose rows to use (default: v5p)')
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    runs = sweep_runs(args.sweep) if args.sweep else args.runs
-    plan = make_plan(runs, args.tflops, args.mfu, load_fit_rows(args.fit, args.chip) if args.fit else None)
-  except ConfigError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+  runs = sweep_runs(args.sweep) if args.sweep else args.runs
+  plan = make_plan(runs, args.tflops, args.mfu, load_fit_rows(args.fit, args.chip) if args.fit else None)
   print(table(plan))
   if args.launch_list:
     pathlib.Path(args.launch_list).write_text('\n'.join(launch_lines(plan)) + '\n')

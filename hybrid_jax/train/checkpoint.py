@@ -20,8 +20,10 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
+from hybrid_jax.errors import UserError
 
-class CheckpointError(RuntimeError):
+
+class CheckpointError(UserError, RuntimeError):
   """A checkpoint could not be written or no saved checkpoint could be restored."""
 
 

@@ -22,6 +22,7 @@ import tqdm
 from hybrid_jax.config import ConfigError, validate
 from hybrid_jax.data.pipeline import make_train_dataset
 from hybrid_jax.data.tokenizers import get_tokenizer
+from hybrid_jax.errors import UserError
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
@@ -29,7 +30,7 @@ from hybrid_jax.train import checkpoint, hooks as hooks_lib, metrics, optim, rep
 from hybrid_jax.train import session as session_lib, step as step_lib
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
   """The loss became NaN or infinite."""
 
 

@@ -23,16 +23,18 @@ import uuid
 
 from etils import epath
 
+from hybrid_jax.errors import UserError
+
 LEASE_FILE = 'lock.json'
 TIMEOUT_S = 120.0  # A lease not renewed for this long is stale (holders on other hosts).
 RENEW_EVERY_S = 20.0
 
 
-class WorkdirBusy(RuntimeError):
+class WorkdirBusy(UserError, RuntimeError):
   """Another live trainer holds the run directory."""
 
 
-class WorkdirLost(RuntimeError):
+class WorkdirLost(UserError, RuntimeError):
   """This trainer's lease was taken over (it went unrenewed past its timeout); it must stop writing."""
 
 

@@ -1,0 +1,15 @@
+"""The one base class of user errors: bad input (a config, a flag, data, a run directory, a checkpoint), not a bug.
+
+This module sits at the bottom of the package and imports nothing from it, so every layer raises its own subclass
+(ConfigError, DataError, RunError, ...) without importing the command line or another layer's errors. The command
+line catches UserError alone (hybrid_jax.command_line.run): one `error: <message>` line, exit status 2. Any other
+exception is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+  """Bad input; the message names the thing (a key, a flag, a file) and what is allowed."""
+
+
+class InputError(UserError, ValueError):
+  """A command-line value or path failed a shared check (hybrid_jax.checks)."""
