@@ -59,8 +59,12 @@ def get_config(arg=None):
   # the defaults here match the tiny scale (d_model 128).
   m.recurrent_implementation = 'auto'  # 'auto' | 'reference' | 'xla' | 'pallas_gpu' | 'pallas_tpu' (kernels).
   m.recurrent_chunk_size = 64  # Tokens per chunk of the chunked scans.
-  m.lightning = ml_collections.ConfigDict()  # Lightning Attention: linear attention, fixed ALiBi-slope decay.
-  m.lightning.num_heads = 3  # Heads; head h decays by exp(-2^(-8(h+1)/H)) per token.
+  m.lightning = ml_collections.ConfigDict()  # Lightning Attention: linear attention, a fixed decay per head.
+  m.lightning.num_heads = 3  # Heads; head h of H decays by exp(-2^(-8(h+1)/H)) per token, for every H.
+  # 'closed_form': the rates above (MiniMax's layer, the study's code). 'alibi_interleaved': ALiBi's series, which
+  # differs when H is not a power of two; runs made before this key existed used it and load with it (a warning
+  # says so), and resuming one needs it set explicitly.
+  m.lightning.decay_rates = 'closed_form'
   m.lightning.key_dim = 16  # Per-head query/key width.
   m.lightning.value_dim = 32  # Per-head value (and output) width.
   # MiniMax layer factor: layer l's decay rates are multiplied by (1 - l/(L-1)). Per-layer constants differ

@@ -20,6 +20,7 @@ from hybrid_jax.errors import InputError, UserError
 MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise', 'lightning', 'mamba2', 'gdn')
 MIXER_KINDS_RESERVED = ()  # Names known but not yet built (none at present).
 RECURRENT_IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'pallas_gpu', 'pallas_tpu')
+LIGHTNING_DECAY_RATES = ('closed_form', 'alibi_interleaved')  # hybrid_jax.models.mixers.lightning.decay_rates
 # Recurrent mixer kind -> its positive-integer shape fields under model.<kind>.
 RECURRENT_SHAPE_FIELDS = {
     'lightning': ('num_heads', 'key_dim', 'value_dim'),
@@ -205,6 +206,7 @@ def _validate_recurrent(c, cycle):
   _choice(c, 'model.recurrent_implementation', RECURRENT_IMPLEMENTATIONS)
   _positive_int(c, 'model.recurrent_chunk_size')
   if 'lightning' in recurrent:
+    _choice(c, 'model.lightning.decay_rates', LIGHTNING_DECAY_RATES)
     layer_decay = m.lightning.layer_decay
     if not isinstance(layer_decay, bool):
       _fail('model.lightning.layer_decay', layer_decay, 'must be True or False')

@@ -9,6 +9,7 @@ from flax import nnx
 from hybrid_jax.config import ConfigError, validate
 from hybrid_jax.models import counting, pattern
 from hybrid_jax.models.mixers import make_mixer
+from hybrid_jax.models.mixers import lightning
 from hybrid_jax.models.mixers.lightning import alibi_slopes
 from hybrid_jax.models.model import HybridLM
 from hybrid_jax.train import optim
@@ -94,12 +95,33 @@ def test_mamba2_init_ranges():
   np.testing.assert_array_equal(np.asarray(mixer.D[...]), 1.0)
 
 
-def test_alibi_slopes():
-  np.testing.assert_allclose(alibi_slopes(8), [2.0 ** -(h + 1) for h in range(8)])
-  np.testing.assert_allclose(alibi_slopes(4), [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8])
-  # Non-power-of-two: the 4-head series, then every other slope of the 8-head series (ALiBi's rule).
-  np.testing.assert_allclose(alibi_slopes(6), [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3])
-  assert len(alibi_slopes(11)) == 11 and len(set(alibi_slopes(11))) == 11
+@pytest.mark.parametrize('heads', range(1, 13))
+def test_lightning_decay_rates_are_the_closed_form_for_every_head_count(heads):
+  """Head h of H decays by exp(-2^(-8(h+1)/H)) per token (MiniMax's Lightning layer), powers of two or not: in the
+  rate series and in the log decay of a layer built from the config."""
+  expected_log2 = [-8.0 * (h + 1) / heads for h in range(heads)]  # Evenly spaced from -8/H down to -8.
+  np.testing.assert_allclose(np.log2(alibi_slopes(heads)), expected_log2, rtol=1e-12)
+  assert lightning.decay_rates(heads) == alibi_slopes(heads)
+  cfg = small_config('lightning', lightning=dict(num_heads=heads, key_dim=4, value_dim=4)).model
+  assert cfg.lightning.decay_rates == 'closed_form'  # The default.
+  layer = nnx.eval_shape(lambda: make_mixer(cfg, pattern.layer_spec(cfg, 0), rngs=nnx.Rngs(0)))
+  np.testing.assert_allclose(layer.log_decay, [-(2.0 ** e) for e in expected_log2], rtol=1e-12)
+
+
+def test_the_alibi_interleaved_series_is_kept_for_runs_made_before():
+  """ALiBi's series differs from the closed form unless H is a power of two (H = 3: log2 rates [-4, -8, -2])."""
+  np.testing.assert_allclose(np.log2(lightning.alibi_interleaved_slopes(3)), [-4, -8, -2])
+  np.testing.assert_allclose(np.log2(lightning.alibi_interleaved_slopes(6)), [-2, -4, -6, -8, -1, -3])
+  assert [h for h in range(1, 13) if lightning.series_differ(h)] == [3, 5, 6, 7, 9, 10, 11, 12]
+  cfg = small_config('lightning', lightning=dict(num_heads=6, key_dim=4, value_dim=4,
+                                                 decay_rates='alibi_interleaved')).model
+  layer = nnx.eval_shape(lambda: make_mixer(cfg, pattern.layer_spec(cfg, 0), rngs=nnx.Rngs(0)))
+  np.testing.assert_allclose(layer.log_decay, [-s for s in lightning.alibi_interleaved_slopes(6)])
+  bad = small_config('lightning')
+  bad.model.lightning.decay_rates = 'alibi'
+  with pytest.raises(ConfigError, match=r"model.lightning.decay_rates='alibi' is invalid: allowed: closed_form, "
+                                        'alibi_interleaved'):
+    validate(bad)
 
 
 def test_lightning_decay_is_minus_the_slopes_with_the_optional_layer_factor():

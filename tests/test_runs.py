@@ -5,9 +5,14 @@ import json
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from hybrid_jax import runs
-from hybrid_jax.train import checkpoint, optim, state as state_lib
+from hybrid_jax.config import BASE_CONFIG, load_config_file
+from hybrid_jax.models.mixers import lightning
+from hybrid_jax.models.model import HybridLM
+from hybrid_jax.train import checkpoint, config_history, optim, session as session_lib, state as state_lib
+from tests.conftest import small_config
 
 
 def test_load_run_restores_the_saved_parameters(tiny_run):
@@ -58,3 +63,44 @@ def test_a_run_saved_before_a_config_key_existed_still_loads(tiny_run, tmp_path,
   run = runs.load_run(old, config=config)
   assert run.config.eval.position_buckets == 8 and caplog.text.count('predates') == 0
   assert runs.load_run(old).step == 12 and caplog.text.count('predates') == 1
+
+
+def _before_the_decay_key(config):
+  """config.json as a run saved before model.lightning.decay_rates existed wrote it."""
+  saved = json.loads(config.to_json_best_effort())
+  del saved['model']['lightning']['decay_rates']
+  return saved
+
+
+@pytest.mark.parametrize('arch, heads, kept', [('lightning', 3, 'alibi_interleaved'), ('lightning', 4, 'closed_form'),
+                                               ('swa128_nope', 3, 'closed_form')])
+def test_a_run_saved_before_the_lightning_decay_key_keeps_the_rates_it_was_trained_with(arch, heads, kept, caplog):
+  """Only a run with Lightning layers whose head count is not a power of two computed something else before."""
+  config = small_config(arch, lightning=dict(num_heads=heads, key_dim=4, value_dim=4))
+  loaded = runs._with_new_defaults(_before_the_decay_key(config), load_config_file(str(BASE_CONFIG)), 'config.json')
+  assert loaded.model.lightning.decay_rates == kept
+  named = 'predates config key model.lightning.decay_rates' in caplog.text
+  assert named == (kept == 'alibi_interleaved') and ('ALiBi' in caplog.text) == named
+
+
+def test_an_old_lightning_run_loads_as_trained_and_refuses_to_resume_as_the_new_model(tmp_path, caplog):
+  """A Lightning run (3 heads) from before the closed-form rates: reading it (eval, analyses) builds the model it
+  trained, a plain resume is refused naming the key, and a resume that keeps the old rates is allowed."""
+  config = small_config('lightning', lightning=dict(num_heads=3, key_dim=4, value_dim=4))
+  (tmp_path / 'config.json').write_text(json.dumps(_before_the_decay_key(config)))
+  (tmp_path / 'checkpoints' / '12').mkdir(parents=True)  # A resume: the session compares configs before restoring.
+
+  loaded = runs.load_config(tmp_path)
+  assert loaded.model.lightning.decay_rates == 'alibi_interleaved' and 'ALiBi' in caplog.text
+  # The model built from the run's config (as load_run builds it) decays at the interleaved rates.
+  model = nnx.eval_shape(lambda: HybridLM(loaded.model, rngs=nnx.Rngs(0)))
+  decays = {tuple(np.asarray(m.log_decay).ravel()) for _, m in nnx.iter_graph(model) if hasattr(m, 'log_decay')}
+  assert decays == {tuple(-s for s in lightning.alibi_interleaved_slopes(3))}
+
+  refused = r'model.lightning.decay_rates: run has "alibi_interleaved", this command says "closed_form"'
+  with pytest.raises(config_history.ConfigChangeRefused, match=refused):
+    with session_lib.open_session(config, tmp_path):
+      pass
+  config.model.lightning.decay_rates = 'alibi_interleaved'
+  with session_lib.open_session(config, tmp_path) as session:
+    assert session.allowed == {}

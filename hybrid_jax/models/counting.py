@@ -15,7 +15,8 @@ def attention_params(cfg) -> int:
 
 
 def lightning_params(cfg) -> int:
-  """q, k (d x H x K), v, output gate, out projection (d x H x V each), per-head norm scale (V)."""
+  """q, k (d x H x K), v, output gate, out projection (d x H x V each), per-head norm scale (V); the decay rates
+  2^(-8(h+1)/H) are constants, not parameters."""
   lc, d = cfg.lightning, cfg.d_model
   return d * lc.num_heads * (2 * lc.key_dim + 3 * lc.value_dim) + lc.value_dim
 

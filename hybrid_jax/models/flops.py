@@ -89,7 +89,8 @@ def _attention_parts(cfg, spec, t):
 def _lightning_parts(cfg, spec, t):
   lc, d, c = cfg.lightning, cfg.d_model, cfg.recurrent_chunk_size
   h, k, v = lc.num_heads, lc.key_dim, lc.value_dim
-  return {'projections': 2 * t * d * h * (2 * k + 3 * v),  # q, k (K wide); v, output gate, out proj (V wide).
+  # q, k (K wide); v, output gate, out proj (V wide). The decay is a constant per head, 2^(-8(h+1)/H): no projection.
+  return {'projections': 2 * t * d * h * (2 * k + 3 * v),
           'core': scalar_scan_flops(t, c, h, k, h, v), 'conv': 0}
 
 

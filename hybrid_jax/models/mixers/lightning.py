@@ -1,8 +1,9 @@
 """Lightning Attention: linear attention with a fixed exponential decay per head.
 
 S_t = exp(-s_h) S_{t-1} + k_t v_t^T, o_t = K^-1/2 S_t^T q_t, through hybrid_jax.kernels.linear_scan with a [H]
-log decay. The rates s_h are ALiBi's slopes, so heads range from short to long memory; the optional MiniMax
-factor (LayerSpec.decay_scale) weakens the decay in deeper layers. No RoPE: the decay already encodes distance.
+log decay. Head h of H decays at s_h = 2^(-8(h+1)/H) for every H (MiniMax's Lightning layer and the study's code), so
+heads range from short to long memory; the optional MiniMax factor (LayerSpec.decay_scale) weakens the decay in
+deeper layers. No RoPE: the decay already encodes distance.
 """
 
 import math
@@ -11,19 +12,36 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hybrid_jax.config import LIGHTNING_DECAY_RATES as DECAY_RATES  # model.lightning.decay_rates: the series.
 from hybrid_jax.models.layers import dtype_of, init_stds, param
 from hybrid_jax.models.mixers import recurrent
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
-  """ALiBi slopes 2^(-8(h+1)/H); for non-power-of-two H, the 2^floor(log2 H) series then every other slope of
-  the 2*2^floor(log2 H) series (as ALiBi does)."""
-  def power_of_two(n):
-    return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+  """The decay rates 2^(-8(h+1)/H), h = 0..H-1, for every H: ALiBi's formula, without ALiBi's interleaving."""
+  return [2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)]
+
+
+def alibi_interleaved_slopes(num_heads: int) -> list[float]:
+  """ALiBi's series: 2^(-8(h+1)/H) when H is a power of two; otherwise the 2^floor(log2 H) series, then every
+  other rate of the 2*2^floor(log2 H) series. Runs made before model.lightning.decay_rates existed used it (for H
+  = 3 it gives log2 rates [-4, -8, -2] where the formula says [-2.67, -5.33, -8]); kept so they load as trained."""
   if math.log2(num_heads).is_integer():
-    return power_of_two(num_heads)
+    return alibi_slopes(num_heads)
   closest = 2 ** math.floor(math.log2(num_heads))
-  return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][:num_heads - closest]
+  return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][:num_heads - closest]
+
+
+def decay_rates(num_heads: int, series: str = 'closed_form') -> list[float]:
+  """The per-head decay rates s_h of model.lightning.decay_rates `series`."""
+  if series not in DECAY_RATES:
+    raise ValueError(f'decay rate series {series!r} is unknown; allowed: {", ".join(DECAY_RATES)}')
+  return alibi_slopes(num_heads) if series == 'closed_form' else alibi_interleaved_slopes(num_heads)
+
+
+def series_differ(num_heads: int) -> bool:
+  """Whether the two series differ at `num_heads` (they agree when it is a power of two)."""
+  return alibi_slopes(num_heads) != alibi_interleaved_slopes(num_heads)
 
 
 class Lightning(recurrent.DecodeMixin, nnx.Module):
@@ -40,7 +58,7 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     self.norm = nnx.Param(jnp.ones((v,), pdt), logical_axes=('head_dim',))  # Shared by the heads.
     self.wo = param(rngs, (h, v, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
     # A plain tuple of Python floats: a static constant of the graph, never trained.
-    self.log_decay = tuple(-s * spec.decay_scale for s in alibi_slopes(h))
+    self.log_decay = tuple(-s * spec.decay_scale for s in decay_rates(h, lc.decay_rates))
     self._configure(cfg)
 
   def init_state(self, batch: int, max_len: int):
