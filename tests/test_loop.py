@@ -14,7 +14,7 @@ import pytest
 
 from hybrid_jax.data import sources
 from hybrid_jax import training
-from hybrid_jax.train import checkpoint, loop, metrics
+from hybrid_jax.train import checkpoint, loop, metrics, report
 from tests.conftest import ROOT, small_config, train_command, wait_for
 
 
@@ -46,6 +46,36 @@ def test_train_writes_report_metrics_and_checkpoints(small, tmp_path):
   acc.Reload()
   assert [e.step for e in acc.Scalars('train/loss')] == list(range(1, 13))
   assert {'train/grad_norm', 'train/lr', 'train/tokens_per_s', 'eval/packed_loss'} <= set(acc.Tags()['scalars'])
+
+
+def test_the_logged_train_loss_is_the_mean_over_each_logging_interval(small, tmp_path):
+  """log_every=4 logs, at steps 4, 8, 12, the mean of the 4 step losses that the same run logs one by one with
+  log_every=1 (a cadence: same batches, same updates), and the last of them as loss_last; TensorBoard, the report's
+  curve and final_train_loss read the mean."""
+  training.train(small, tmp_path / 'every_step')
+  per_step = _losses(tmp_path / 'every_step')
+  small.train.log_every = 4
+  result = training.train(small, tmp_path / 'every_4')
+  records = {r['step']: r for r in metrics.read_jsonl(tmp_path / 'every_4' / 'metrics.jsonl') if r['kind'] == 'train'}
+  assert sorted(records) == [4, 8, 12]
+  for end, r in records.items():
+    window = [per_step[s] for s in range(end - 3, end + 1)]
+    assert r['loss'] == pytest.approx(np.mean(window), rel=1e-6) and r['loss_last'] == per_step[end], end
+    assert r['loss_steps'] == 4
+  assert np.std([per_step[s] for s in range(1, 13)]) > 1e-3  # The mean and one step's loss tell apart.
+  assert result['final_train_loss'] == pytest.approx(records[12]['loss'], rel=1e-6)
+  assert result['final_train_loss_last'] == per_step[12]
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(str(tmp_path / 'every_4' / 'tensorboard'))
+  acc.Reload()
+  assert [e.step for e in acc.Scalars('train/loss')] == [4, 8, 12]
+  assert [e.value for e in acc.Scalars('train/loss')] == pytest.approx([records[s]['loss'] for s in (4, 8, 12)])
+  assert [e.value for e in acc.Scalars('train/loss_last')] == pytest.approx([per_step[s] for s in (4, 8, 12)])
+  fig = report.loss_figure(list(records.values()))
+  train_line = fig.axes[0].lines[0]
+  assert list(train_line.get_ydata()) == [records[s]['loss'] for s in (4, 8, 12)]
+  assert 'mean' in train_line.get_label()
+  report.plt.close(fig)
 
 
 def test_rerun_after_completion_resumes_and_changes_nothing(small, tmp_path, monkeypatch):
@@ -207,10 +237,11 @@ def test_the_readme_main_job_trains_and_reports(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   report = json.loads((tmp_path / 'report.json').read_text())
   assert report['name'] == 'swa128_nope_tiny' and report['status'] == 'completed' and report['steps'] == 300
-  losses = _losses(tmp_path)  # Logged every 10 steps (train.log_every): steps 10, 20, ..., 300.
+  losses = _losses(tmp_path)  # The mean of each 10 steps (train.log_every), logged at steps 10, 20, ..., 300.
   assert sorted(losses) == list(range(10, 301, 10))
   last = np.mean([losses[s] for s in range(260, 301, 10)])
-  # Measured: 2.30 over the last 5 logged steps, against 5.55 (uniform over 257 bytes) and 4.63 at step 10.
+  # Measured: 2.24 over the last 5 intervals (steps 251-300), against 5.55 (uniform over 257 bytes) and 5.12 over
+  # steps 1-10.
   assert last < np.log(257) - 2.5 and last < losses[10] - 1.5
   # Byte-level held-out loss well below uniform (ln 257 = 5.55); BENCHMARKS.md records 2.70 for this job.
   assert report['eval']['packed_loss'] < 3.0

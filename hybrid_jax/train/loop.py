@@ -168,6 +168,9 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   writer = metrics.MetricsWriter(workdir) if lead else _NullWriter()
 
   step_times, status, last_saved = [], 'completed', start
+  # This logging interval's step losses (a resumed session's first interval starts at its first step): the logged
+  # train loss is their mean, as one step's loss alone reads noisier than training is.
+  interval_losses, logged_losses = [], []
   bar = tqdm.tqdm(total=t.steps, initial=start, disable=not (t.progress and lead), desc=config.name, unit='step',
                   dynamic_ncols=True)
   started, finished, step = time.perf_counter(), False, start
@@ -189,13 +192,16 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
               f'training loss is {loss} at step {step} (run {config.name}); stopping. The last good checkpoint '
               f'(step {last_saved}) is kept in {ckpt.directory}. Lower train.lr or raise train.warmup_steps.')
         bar.update(1)
+        interval_losses.append(loss)
         if step % t.log_every == 0 or step == t.steps:
           dt = statistics.median(step_times[-t.log_every:])
           logged = {k: float(v) for k, v in m.items()}
+          logged.update(loss=statistics.fmean(interval_losses), loss_last=loss, loss_steps=len(interval_losses))
+          logged_losses, interval_losses = interval_losses, []
           logged.update(lr=float(schedule(step - 1)), step_time_s=dt, tokens_per_s=tokens_per_step / dt)
           logged.update(metrics.throughput(flops_per_step, dt, jax.device_count(), peak))
           writer.write(step, logged, prefix='train')
-          bar.set_postfix(loss=f'{loss:.3f}', tok_s=f'{tokens_per_step / dt:,.0f}')
+          bar.set_postfix(loss=f'{logged["loss"]:.3f}', tok_s=f'{tokens_per_step / dt:,.0f}')
         for hook in hooks:
           hook.after_step(step, state, batch)
         stop['requested'] = _stop_requested(stop, step)
@@ -244,7 +250,10 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
       'tokens_per_s': tokens_per_step / statistics.median(steady) if steady else None,
       'training_flops_per_token': flops_per_step / tokens_per_step,
       **(metrics.throughput(flops_per_step, statistics.median(steady), jax.device_count(), peak) if steady else {}),
-      'final_train_loss': float(m['loss']) if step_times else None,
+      # The mean over the last logging interval (or the steps since, if the run stopped inside one), and the last
+      # step's own loss.
+      'final_train_loss': statistics.fmean(interval_losses or logged_losses) if step_times else None,
+      'final_train_loss_last': float(m['loss']) if step_times else None,
       'eval': final,
   }
   if lead:

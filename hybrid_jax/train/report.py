@@ -20,11 +20,13 @@ def resume_marks(sessions) -> list[tuple[int, str]]:
 
 
 def loss_figure(records: list[dict], sessions=()):
-  """Train loss per logged step, held-out evaluations as points, and a dotted line where the run resumed."""
+  """Train loss per logged step (the mean over each logging interval), held-out evaluations as points, and a dotted
+  line where the run resumed."""
   train = [r for r in records if r['kind'] == 'train' and 'loss' in r]
   evals = [r for r in records if r['kind'] == 'eval' and 'packed_loss' in r]
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss', lw=1)
+  ax.plot([r['step'] for r in train], [r['loss'] for r in train], label='train loss (mean of each logging interval)',
+          lw=1)
   if evals:
     ax.plot([r['step'] for r in evals], [r['packed_loss'] for r in evals], 'o-', label='held-out loss (packed rows)')
   for step, label in resume_marks(sessions):
