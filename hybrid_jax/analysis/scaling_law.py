@@ -6,7 +6,7 @@ minimise the summed Huber loss (δ = 1e-3) of log-space residuals. The default i
 ftol 1e-6 and SciPy's other defaults (finite-difference gradients, gtol 1e-5), then the best start's result refitted
 with maxiter 20000 / ftol 1e-8; bounds α ∈ [0.2, 0.3], β ≥ 0. Its coefficients are the ones the paper reports.
 That procedure stops short of the objective's minimum (ftol is relative to max(|f|, 1) and the loss is ~2e-4), so
-`polish=True` also reports the minimum itself beside it (the same objective, polished to convergence).
+`polish_fit=True` (`--polish`) also reports the minimum itself beside it (the same objective, polished to convergence).
 Fitting in log space with logsumexp keeps every term positive and the problem well conditioned across orders of
 magnitude of N and D. Goodness of fit (R², RMSE, MAE) is reported on y itself (ln of the metric with --log-metric).
 """
