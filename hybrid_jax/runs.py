@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
 from hybrid_jax.errors import UserError
-from hybrid_jax.train import config_history, state as state_lib
+from hybrid_jax.train import checkpoint, config_history, state as state_lib
 
 
 class RunError(UserError, ValueError):
@@ -144,22 +144,34 @@ def checkpoint_steps(workdir) -> list[int]:
   return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+class UnreadableCheckpoint(RunError):
+  """A checkpoint whose files are missing or damaged (not one that merely does not fit the model)."""
+
+
 def restore_params(workdir, step: int, target) -> dict:
   """Only the parameters of checkpoint `step` (no optimizer state is read), laid out as `target` says.
 
   `target`: the params tree of ShapeDtypeStructs with shardings (e.g. a mesh's parameter shardings, or one
-  device); a checkpoint written on any mesh is read straight into that layout.
+  device); a checkpoint written on any mesh is read straight into that layout. Values that differ from the
+  fingerprints saved with them are refused like a missing file.
   """
   directory = (pathlib.Path(workdir) / 'checkpoints').absolute()
   restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), target)
   args = ocp.args.PyTreeRestore({'params': target}, restore_args={'params': restore_args}, partial_restore=True)
   options = ocp.CheckpointManagerOptions(create=False, read_only=True)
   try:
-    with ocp.CheckpointManager(directory, options=options) as manager:
-      return manager.restore(step, args=ocp.args.Composite(state=args)).state['params']
+    with checkpoint.quiet_restore(), ocp.CheckpointManager(directory, options=options) as manager:
+      params = manager.restore(step, args=ocp.args.Composite(state=args)).state['params']
+    checkpoint.check_fingerprint({'params': params}, checkpoint.read_fingerprint(directory / str(step)),
+                                 f'step {step}')
+    return params
   except Exception as e:  # Orbax raises many types for missing, partial or mismatched files.
+    part = checkpoint.damaged_part(directory / str(step), e) if checkpoint.is_unreadable(e) else None
+    if part:
+      raise UnreadableCheckpoint(f'the checkpoint at step {step} in {directory} cannot be read: {part} is missing '
+                                 f'or damaged ({checkpoint.short(e)})') from e
     raise RunError(f'the parameters of checkpoint {step} in {directory} cannot be restored for this model: '
-                   f'{type(e).__name__}: {e}') from e
+                   f'{checkpoint.short(e)}') from e
 
 
 def abstract_params(model_cfg, sharding=None) -> dict:
@@ -194,5 +206,20 @@ def load_run(workdir, step: int | None = None, *, model_overrides: dict | None =
     step = steps[-1]
   elif step not in steps:
     raise RunError(f'{workdir} has no checkpoint at step {step}; saved steps: {steps}')
-  params = restore_params(workdir, step, abstract_params(config.model))
+  target = abstract_params(config.model)
+  try:
+    params = restore_params(workdir, step, target)
+  except UnreadableCheckpoint as e:
+    readable = [s for s in reversed(steps) if s != step and _readable(workdir, s, target)]
+    hint = (f'readable steps: {readable} (choose one with --step {readable[0]})' if readable else
+            f'no other saved step ({[s for s in steps if s != step] or "none"}) is readable either')
+    raise RunError(f'{e}; {hint}') from e
   return Run(workdir, config, step, state_lib.make_model_def(config.model), params)
+
+
+def _readable(workdir, step: int, target) -> bool:
+  try:
+    restore_params(workdir, step, target)
+  except RunError:
+    return False
+  return True

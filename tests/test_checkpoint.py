@@ -102,3 +102,78 @@ def test_an_io_error_inside_a_decoding_error_is_not_corruption():
     assert not checkpoint.is_unreadable(wrapped)
   assert checkpoint.is_unreadable(ValueError('NOT_FOUND: Error reading "w/.zarray"'))
   assert checkpoint.is_unreadable(FileNotFoundError('no such file: _METADATA'))
+
+
+# ---------------------------------------------------------------------------------------- a real run's checkpoint
+def _largest(folder, pattern):
+  return max((f for f in folder.glob(pattern) if f.is_file()), key=lambda f: f.stat().st_size)
+
+
+# Every kind of file a step needs, by what reads it: the arrays' bytes (OCDBT data files; the biggest holds whole
+# arrays), the tree metadata, the OCDBT manifest and B-tree, and the data iterator's state.
+FILE_KINDS = {
+    'array_data': lambda step: _largest(step / 'state', 'ocdbt.process_0/d/*'),
+    'metadata': lambda step: step / 'state' / '_METADATA',
+    'manifest': lambda step: step / 'state' / 'manifest.ocdbt',
+    'btree': lambda step: _largest(step / 'state', 'd/*'),
+    'iterator_state': lambda step: step / 'data' / 'process_0-of-1.json',
+}
+
+
+def _damage(file, how):
+  data = file.read_bytes()
+  if how == 'missing':
+    file.unlink()
+  elif how == 'truncated':
+    file.write_bytes(data[:len(data) // 2])
+  else:  # 'corrupt': 16 bytes inverted a third of the way in (what a bad disk block or a bit rot run does).
+    flipped = bytearray(data)
+    for i in range(len(data) // 3, len(data) // 3 + 16):
+      flipped[i] ^= 0xFF
+    file.write_bytes(bytes(flipped))
+
+
+@pytest.fixture(scope='module')
+def run_state():
+  """The abstract train state and data iterator of conftest's tiny run (what a resume restores into)."""
+  from hybrid_jax.data.pipeline import make_train_dataset
+  from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+  from hybrid_jax.train import optim, state as state_lib
+  from tests.conftest import small_config
+  config = small_config()
+  tx = optim.make_optimizer(config.train)
+  model_def = state_lib.make_model_def(config.model)
+  shardings = mesh_lib.train_shardings(model_def, tx, mesh_lib.make_mesh(config.parallel),
+                                       rules_lib.parse_rules(config.parallel.rules))
+  abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),
+                                            shardings.state)
+  return abstract, lambda: iter(make_train_dataset(config))
+
+
+@pytest.mark.parametrize('how', ['missing', 'truncated', 'corrupt'])
+@pytest.mark.parametrize('kind', list(FILE_KINDS))
+def test_a_damaged_file_of_any_kind_sets_the_step_aside_naming_the_file(tiny_run, run_state, tmp_path, caplog, kind,
+                                                                        how):
+  """Damage one file of the newest step (12) of a real run: the resume warns naming that file (or, for array data,
+  the file and the array), sets step 12 aside and restores step 8 exactly as saved."""
+  shutil.copytree(tiny_run / 'checkpoints', tmp_path / 'checkpoints')
+  reference = checkpoint.Checkpointer(tiny_run / 'checkpoints', keep=5, async_save=False)
+  abstract, data = run_state
+  with checkpoint.quiet_restore():
+    expected = reference.manager.restore(8, args=checkpoint.ocp.args.Composite(
+        state=checkpoint.ocp.args.StandardRestore(abstract))).state
+  reference.close()
+  damaged = FILE_KINDS[kind](tmp_path / 'checkpoints' / '12')
+  _damage(damaged, how)
+  ckpt = checkpoint.Checkpointer(tmp_path / 'checkpoints', keep=5, async_save=False)
+  with caplog.at_level('WARNING'):
+    step, state = ckpt.restore_latest(abstract, data())
+  ckpt.close()
+  assert step == 8
+  for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(got, want)
+  [warning] = [r.getMessage() for r in caplog.records if 'cannot be restored' in r.getMessage()]
+  assert 'checkpoint at step 12' in warning and 'falling back' in warning
+  assert f'{damaged} ' in warning or f'{damaged} (' in warning, warning  # Named by its path.
+  assert len(warning.splitlines()) == 1 and len(warning) < 1500  # No tensorstore spec dump.
+  assert list((tmp_path / 'checkpoints.unrestorable').glob('*/12')) and not (tmp_path / 'checkpoints' / '12').exists()
