@@ -60,7 +60,7 @@ def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
   return path
 
 
-def _can_write_in(directory: pathlib.Path) -> bool:
+def can_write_in(directory) -> bool:
   """Whether a file can be created in `directory` (tried, not guessed: root ignores modes but not read-only mounts)."""
   try:
     fd, probe = tempfile.mkstemp(dir=directory, prefix='.hybrid_jax_probe_')
@@ -101,7 +101,7 @@ def path(value, what, *, kind=None, exists=True, writable=False, outside=None) -
     if not base.is_dir() and base != pathlib.Path(os.path.abspath(p)):
       raise InputError(f'{what}={value}: {base} is a file, so no folder can be made under it')
     folder = base if base.is_dir() else base.parent
-    if (p.exists() and p.is_file() and not os.access(p, os.W_OK)) or not _can_write_in(folder):
+    if (p.exists() and p.is_file() and not os.access(p, os.W_OK)) or not can_write_in(folder):
       raise InputError(f'{what}={value}: cannot be written ({folder} is not writable)')
   return p
 

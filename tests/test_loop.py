@@ -185,6 +185,8 @@ def test_kill_9_then_rerun_continues_bit_for_bit(tmp_path):
   expected, got = _losses(tmp_path / 'reference'), _losses(tmp_path / 'killed')
   assert sorted(got) == sorted(expected) == list(range(1, 151))
   assert [got[s] for s in range(1, 151)] == [expected[s] for s in range(1, 151)]  # Exact, not approximate.
+  # The steps trained twice (after the checkpoint, before the kill) keep one record each, the resumed run's.
+  assert _logged_steps(tmp_path / 'killed') == list(range(1, 151))
 
 
 def _logged_steps(workdir):
@@ -294,3 +296,26 @@ def test_profile_settings_are_validated():
     c.train[key] = value
     with pytest.raises(ConfigError, match=f'train.{key}'):
       validate(c)
+
+
+def test_a_resumed_writer_keeps_one_record_per_step(tmp_path):
+  """Steps 1-10 logged, the run resumed from its checkpoint at 7: metrics.jsonl and TensorBoard (its purge step)
+  hold steps 8-10 once, the resumed run's values; a line cut short by a kill goes too."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  first = metrics.MetricsWriter(tmp_path)
+  for step in range(1, 11):
+    first.write(step, {'loss': float(step)}, prefix='train')
+  first.close()
+  with open(tmp_path / 'metrics.jsonl', 'a') as f:
+    f.write('{"step": 11, "kind": "tr')
+  resumed = metrics.MetricsWriter(tmp_path, resumed_from=7)
+  for step in range(8, 11):
+    resumed.write(step, {'loss': 100.0 + step}, prefix='train')
+  resumed.close()
+  records = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert [(r['step'], r['loss']) for r in records] == [(s, float(s)) for s in range(1, 8)] + [
+      (s, 100.0 + s) for s in range(8, 11)]
+  events = event_accumulator.EventAccumulator(str(tmp_path / 'tensorboard'))
+  events.Reload()
+  assert [(e.step, e.value) for e in events.Scalars('train/loss')] == [(s, float(s)) for s in range(1, 8)] + [
+      (s, 100.0 + s) for s in range(8, 11)]

@@ -165,7 +165,7 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
                                   write=lambda step, values, prefix: writer.write(step, values, prefix=prefix))
   hooks = list(make_hooks(context)) if make_hooks else []
   schedule = optim.make_schedule(t)
-  writer = metrics.MetricsWriter(workdir) if lead else _NullWriter()
+  writer = metrics.MetricsWriter(workdir, resumed_from=start) if lead else _NullWriter()
 
   step_times, status, last_saved = [], 'completed', start
   # This logging interval's step losses (a resumed session's first interval starts at its first step): the logged
@@ -188,9 +188,10 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
         step += 1
         if not math.isfinite(loss):
           ckpt.wait()
-          raise TrainingDiverged(
-              f'training loss is {loss} at step {step} (run {config.name}); stopping. The last good checkpoint '
-              f'(step {last_saved}) is kept in {ckpt.directory}. Lower train.lr or raise train.warmup_steps.')
+          kept = (f'The last good checkpoint (step {last_saved}) is kept in {ckpt.directory}' if last_saved else
+                  f'No checkpoint was saved before it (train.checkpoint_every={t.checkpoint_every})')
+          raise TrainingDiverged(f'training loss is {loss} at step {step} (run {config.name}); stopping. {kept}. '
+                                 'Lower train.lr or raise train.warmup_steps.')
         bar.update(1)
         interval_losses.append(loss)
         if step % t.log_every == 0 or step == t.steps:
@@ -220,6 +221,8 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
     raise distributed.peer_failure(e, step + 1) from e
   finally:
     bar.close()
+    if not finished:
+      writer.close()  # Flushed now, not by tensorboardX at interpreter exit.
     for hook in hooks:
       hook.close()
     try:

@@ -1,7 +1,10 @@
 """Metrics to TensorBoard event files and a JSONL file in the workdir (one record per write)."""
 
 import json
+import math
+import os
 import pathlib
+import time
 
 import numpy as np
 from tensorboardX import SummaryWriter
@@ -11,11 +14,16 @@ from hybrid_jax.parallel import chips
 
 
 class MetricsWriter:
+  """Appends to the run's metrics; a run resumed from step S first drops what was logged after S (the steps it will
+  train again), so every step keeps one record: metrics.jsonl is rewritten, TensorBoard purges from S + 1."""
 
-  def __init__(self, workdir):
+  def __init__(self, workdir, resumed_from: int = 0):
     self.workdir = pathlib.Path(workdir)
     self.jsonl_path = self.workdir / 'metrics.jsonl'
-    self._tb = SummaryWriter(str(self.workdir / 'tensorboard'))
+    _drop_after(self.jsonl_path, resumed_from)
+    # The suffix keeps two sessions started in one second apart (the event file is named by the second), in order.
+    self._tb = SummaryWriter(str(self.workdir / 'tensorboard'), purge_step=resumed_from + 1,
+                             filename_suffix=f'.{time.time_ns()}')
     self._jsonl = open(self.jsonl_path, 'a')
 
   def write(self, step: int, metrics: dict, *, prefix: str) -> None:
@@ -31,6 +39,27 @@ class MetricsWriter:
   def close(self):
     self._tb.close()
     self._jsonl.close()
+
+
+def _drop_after(path: pathlib.Path, step: int) -> None:
+  """Rewrites the JSONL file at `path` without its records of steps after `step` (atomically; kept if none)."""
+  if not path.exists():
+    return
+  lines = path.read_text().splitlines(keepends=True)
+  kept = [line for line in lines if _step_of(line) <= step]
+  if len(kept) == len(lines):
+    return
+  partial = path.with_name(path.name + '.partial')
+  partial.write_text(''.join(kept))
+  os.replace(partial, path)
+
+
+def _step_of(line: str) -> float:
+  """A record's step; a line that does not parse (cut short by a kill) counts as after every step."""
+  try:
+    return int(json.loads(line)['step'])
+  except (ValueError, KeyError, TypeError):
+    return math.inf
 
 
 def read_jsonl(path) -> list[dict]:

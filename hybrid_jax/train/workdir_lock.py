@@ -123,20 +123,32 @@ def is_local(workdir) -> bool:
 
 
 class _LocalLeaseFile:
-  """The lease on a local (or NFS) path: every read-modify-write under an exclusive flock of the file itself."""
+  """The lease on a local (or NFS) path: every read-modify-write under an exclusive flock of the file itself.
+
+  The file stays open from the first use to close(): permissions are checked when a file is opened, so a holder
+  whose workdir is made read-only mid-run can still renew and, above all, release its lease.
+  """
 
   def __init__(self, path: epath.Path):
     self.path = path
+    self._fd = None
 
   @contextlib.contextmanager
   def locked(self):
     import fcntl  # pylint: disable=g-import-not-at-top
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    if self._fd is None:
+      self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(self._fd, fcntl.LOCK_EX)
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX)
-      yield _LocalIO(fd)
+      yield _LocalIO(self._fd)
     finally:
-      os.close(fd)  # Releases the flock.
+      if self._fd is not None:  # (close() inside the block has dropped the flock with the file.)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+  def close(self):
+    if self._fd is not None:
+      os.close(self._fd)
+      self._fd = None
 
 
 class _LocalIO:
@@ -167,6 +179,9 @@ class _RemoteLeaseFile:
   @contextlib.contextmanager
   def locked(self):
     yield self
+
+  def close(self):
+    pass
 
   def read(self) -> str:
     return self.path.read_text() if self.path.exists() else ''
@@ -225,6 +240,7 @@ class WorkdirLock:
         except (KeyError, TypeError, ValueError):  # Edited by hand or by another program.
           alive, why = False, 'its lease lacks the holder\'s process or heartbeat'
         if alive:
+          self._file.close()  # Not this trainer's lease: nothing more to write through it.
           raise WorkdirBusy(self._busy_message(current, why))
         logging.warning('taking over %s from the trainer that held it (%s): %s', self.workdir, describe(current), why)
         self.taken_over = dict(current, why=why)
@@ -274,7 +290,10 @@ class WorkdirLock:
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
-    with self._file.locked() as io:
-      current = self._parse(io.read())
-      if current and current.get('token') == self.token:
-        io.write(json.dumps(dict(current, state='released', released_at=_utc(self.clock())), indent=2) + '\n')
+    try:
+      with self._file.locked() as io:
+        current = self._parse(io.read())
+        if current and current.get('token') == self.token:
+          io.write(json.dumps(dict(current, state='released', released_at=_utc(self.clock())), indent=2) + '\n')
+    finally:
+      self._file.close()
