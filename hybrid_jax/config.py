@@ -197,14 +197,14 @@ def _get(c, key):
 def _validate_recurrent(c, cycle):
   """Shape fields of the recurrent mixers in the cycle; their errors name the key, value and what is allowed."""
   m = c.model
+  for kind, fields in RECURRENT_SHAPE_FIELDS.items():  # Checked even when the cycle has no such layer: a bad
+    for field in fields:                               # value there is a typo waiting for the next --config.
+      _positive_int(c, f'model.{kind}.{field}')
+  _positive_int(c, 'model.recurrent_chunk_size')
   recurrent = [kind for kind in RECURRENT_SHAPE_FIELDS if kind in cycle]
   if not recurrent:
     return
-  for kind in recurrent:
-    for field in RECURRENT_SHAPE_FIELDS[kind]:
-      _positive_int(c, f'model.{kind}.{field}')
   _choice(c, 'model.recurrent_implementation', RECURRENT_IMPLEMENTATIONS)
-  _positive_int(c, 'model.recurrent_chunk_size')
   if 'lightning' in recurrent:
     _choice(c, 'model.lightning.decay_rates', LIGHTNING_DECAY_RATES)
     layer_decay = m.lightning.layer_decay
@@ -254,12 +254,16 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     window = m.window
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
       _fail('model.window', window, 'must be a positive integer (keys each query sees, itself included)')
+  _positive_int(c, 'model.headwise_full_kv_heads')
   if 'headwise' in cycle and not 0 < m.headwise_full_kv_heads < m.num_kv_heads:
     _fail('model.headwise_full_kv_heads', m.headwise_full_kv_heads,
           f'must be between 1 and model.num_kv_heads - 1 = {m.num_kv_heads - 1}')
   _validate_recurrent(c, cycle)
   if m.head_dim % 2 and (m.rope_full or m.rope_swa):
     _fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
+  _number(c, 'model.init_std', positive=True)
+  _number(c, 'model.norm_eps', positive=True)
+  _number(c, 'seed', integer=True, nonnegative=True)
   if _number(c, 'model.rope_base') <= 1:
     _fail('model.rope_base', m.rope_base, 'must be > 1')
   for key in ('model.embedding_multiplier', 'model.residual_multiplier', 'model.logits_scaling'):
@@ -287,6 +291,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if d.source == 'recall':
     from hybrid_jax.data import recall  # pylint: disable=g-import-not-at-top  (imports this module)
     recall.settings(d)
+  _number(c, 'data.worker_count', integer=True, nonnegative=True)  # 0 = in the main process.
   _nonneg_number(c, 'data.long_short_ratio')
   _nonneg_number(c, 'data.long_doc_min_tokens')
   if not 0 < _number(c, 'data.eval_fraction') < 1:
@@ -352,5 +357,7 @@ def _validate_parallel(c):
   _choice(c, 'parallel.distributed.cpu_collectives', ('gloo', 'mpi', 'none'))
   for key in ('initialization_timeout_s', 'heartbeat_timeout_s', 'barrier_timeout_s'):
     _positive_int(c, f'parallel.distributed.{key}')
+  _number(c, 'parallel.distributed.num_processes', integer=True, nonnegative=True)  # 0 = from the environment.
+  _number(c, 'parallel.distributed.process_id', integer=True, low=-1)  # -1 = from the environment.
   if d.coordinator_address and ':' not in d.coordinator_address:
     _fail('parallel.distributed.coordinator_address', d.coordinator_address, 'must be host:port')
