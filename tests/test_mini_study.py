@@ -1,9 +1,11 @@
 """The mini-study's machinery end to end in smoke mode (a few steps per arch); the real preset is a slow test."""
 
+import dataclasses
 import json
 
 import pytest
 
+from hybrid_jax.config import ConfigError
 from hybrid_jax.study import mini
 
 
@@ -13,7 +15,7 @@ def _check_report(out, preset, seeds=1):
   p = mini.PRESETS[preset]
   assert report['preset'] == preset and report['seeds'] == list(range(seeds))
   assert len(report['runs']) == len(mini.ARCHES) * seeds and set(report['summary']) == set(mini.ARCHES)
-  names = mini._probe_names(p)
+  names = mini.probe_names(p)
   for r in report['runs'].values():
     assert r['status'] == 'completed' and r['steps'] == p.steps
     arch, window = mini.ARCHES[r['label']]
@@ -28,17 +30,47 @@ def _check_report(out, preset, seeds=1):
     assert full  # every arch has full-attention layers, each with its probe curve per bucket
     for layer in full:
       assert all(f'probe_recall_mass_layer{layer}_{n}' in r['curves'] for n in names)
+    assert set(r['formation']['layers']) == {str(i) for i in full}
+    # Documents of twice the training length, scored by distance up to beyond the training context.
+    ext = r['extrapolation']['buckets']
+    assert [(b['low'], b['high']) for b in ext] == list(zip(p.extrapolation_edges, p.extrapolation_edges[1:]))
+    assert ext[-1]['queries'] > 0 and ext[-1]['low'] == p.seq_len
   for label, e in report['summary'].items():
     assert set(e['accuracy']) == set(mini.BUCKETS) | {'all'} and len(e['seeds']) == seeds
+    assert set(e['extrapolation']) == set(mini.EXTRAPOLATION_BUCKETS) and e['held_out_loss']['mean'] > 0
     assert e['full_layers'] and any(label in line for line in report['findings'])
+  assert [v.split(':')[0] for v in report['verdicts']] == ['Where retrieval lives', 'Large-window laziness',
+                                                           'NoPE on full layers']
   return report
 
 
-def test_smoke_study_runs_end_to_end(tmp_path, capsys):
+def test_smoke_study_runs_end_to_end(tmp_path, capsys, monkeypatch):
   out = tmp_path / 'study'
   assert mini.main(['--preset', 'smoke', '--out', str(out)]) == 0
   _check_report(out, 'smoke')
-  assert 'restricted to the last' in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert 'restricted to the last' in printed and 'NoPE on full layers:' in printed
+  # A rerun reads finished runs (no training, no scoring); --arches keeps a subset.
+  workdir = out / 'mini_full_seed0'
+  before = {f: (workdir / f).read_bytes() for f in ('metrics.jsonl', 'report.json', mini.RESULT_FILE)}
+  assert mini.main(['--preset', 'smoke', '--out', str(out), '--arches', 'full']) == 0
+  assert 'finished earlier' in capsys.readouterr().out
+  assert {f: (workdir / f).read_bytes() for f in before} == before
+  report = json.loads((out / 'report.json').read_text())
+  assert list(report['summary']) == ['Full'] and len(report['runs']) == 1
+  # Other preset settings: the run is scored again (not retrained: same training record).
+  monkeypatch.setitem(mini.PRESETS, 'smoke', dataclasses.replace(mini.PRESETS['smoke'], eval_documents=3))
+  assert mini.main(['--preset', 'smoke', '--out', str(out), '--arches', 'Full']) == 0
+  assert 'finished earlier' not in capsys.readouterr().out
+  assert (workdir / 'metrics.jsonl').read_bytes() == before['metrics.jsonl']
+  assert json.loads((workdir / mini.RESULT_FILE).read_text())['key']['preset']['eval_documents'] == 3
+
+
+def test_arches_are_chosen_by_label_or_arch_name():
+  assert mini.select_arches(None) == list(mini.ARCHES)
+  assert mini.select_arches('full, swa128_nope,SWA-128') == ['SWA-128', 'SWA-128-NoPE', 'Full']
+  with pytest.raises(ConfigError, match="'swa64' is not one of"):
+    mini.select_arches('full,swa64')
 
 
 def test_summary_over_seeds_hand_computed():
@@ -69,24 +101,13 @@ def test_windows_and_distances_follow_the_preset():
     # One range per bucket: inside the small window, between the windows, beyond the large one.
     assert highs[:2] == [p.small_window, p.large_window] and highs[2] <= p.seq_len
     assert lows[1] > p.small_window and lows[2] > p.large_window
+    long = mini.extrapolation_data(mini.run_config('Full', p).data, p)  # valid, and beyond the training context
+    assert long.seq_len == 2 * p.seq_len and long.recall.distance_ranges[-1][0] > p.seq_len
 
 
 @pytest.mark.slow
 def test_mini_preset(tmp_path):
-  """The real preset (about 21 minutes on 2 cores, BENCHMARKS.md)."""
+  """The real preset, one seed (about 20 minutes on 2 idle cores, BENCHMARKS.md)."""
   assert mini.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
   _check_report(tmp_path, 'mini', seeds=mini.PRESETS['mini'].seeds)
 
-
-def test_verdicts_need_two_seeds_and_a_gap_beyond_the_spreads():
-  def arch(acc_beyond, drop_between, n):
-    spread = lambda m: {'mean': m, 'std': 0.05, 'values': [m] * n}
-    return {'accuracy': {b: spread(0.9 if b != mini.BUCKETS[2] else acc_beyond) for b in mini.BUCKETS},
-            'drop': {b: spread(drop_between) for b in mini.BUCKETS}}
-  one = {'SWA-128': arch(0.9, 0.8, 1), 'SWA-2048': arch(0.3, 0.0, 1)}
-  assert mini._verdicts(one, 1e-4, {})[0].startswith('One seed')
-  two = {'SWA-128': arch(0.9, 0.8, 2), 'SWA-2048': arch(0.3, 0.0, 2)}
-  lines = mini._verdicts(two, 1e-4, {})
-  assert 'hurts SWA-128' in lines[0] and 'laziness appears' in lines[1]
-  close = {'SWA-128': arch(0.9, 0.1, 2), 'SWA-2048': arch(0.85, 0.05, 2)}  # gaps inside the spreads
-  assert 'not established' in mini._verdicts(close, 1e-4, {})[1]

@@ -1,0 +1,79 @@
+"""The mini-study's figure (report.png): what each verdict is read from, one panel per quantity, means over seeds
+with the standard deviation as error bars."""
+
+import textwrap
+
+import numpy as np
+
+
+def mean_curve(report: dict, label: str, key: str) -> list:
+  """[(step, mean over seeds)] of curve `key` of arch `label` (steps every seed logged)."""
+  curves = [dict(r['curves'].get(key, [])) for r in report['runs'].values() if r['label'] == label]
+  steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+  return [(s, float(np.mean([c[s] for c in curves]))) for s in steps]
+
+
+def _colors(report: dict) -> dict:
+  return {label: f'C{i}' for i, label in enumerate(report['arches'])}
+
+
+def _bars(ax, report: dict, key: str, buckets, edges, title: str) -> None:
+  labels = list(report['summary'])
+  colors = _colors(report)
+  width = 0.8 / max(len(labels), 1)
+  for i, label in enumerate(labels):
+    stats = [report['summary'][label][key][b] for b in buckets]
+    ax.bar(np.arange(len(buckets)) + i * width, [s['mean'] or 0 for s in stats], width,
+           yerr=[s['std'] or 0 for s in stats], color=colors[label], label=label, capsize=3)
+  ax.set_xticks(np.arange(len(buckets)) + 0.4 - width / 2,
+                [f'{b}\n({lo} < d <= {hi})' for b, lo, hi in zip(buckets, edges, edges[1:])], fontsize=6)
+  ax.set(title=title, ylim=(0, 1.05), ylabel='exact-match accuracy')
+
+
+def plot_report(report: dict, path) -> None:
+  """Eight panels: train loss; recall by distance as trained, restricted and at twice the training length; recall
+  and each full layer's retrieval-head score over training."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  settings, names, buckets = report['settings'], report['probe_names'], report['buckets']
+  labels = list(report['summary'])
+  colors = _colors(report)
+  fig = Figure(figsize=(20, 9))
+  axes = fig.subplots(2, 4)
+  ax = axes[0, 0]
+  for label in labels:
+    curve = mean_curve(report, label, 'train_loss')
+    if curve:
+      ax.plot(*zip(*curve), color=colors[label], label=label)
+  ax.set(title='train loss (mean over seeds)', xlabel='step')
+  _bars(axes[0, 1], report, 'accuracy', buckets, report['edges'], 'recall accuracy, as trained')
+  _bars(axes[0, 2], report, 'restricted', buckets, report['edges'],
+        f"full layers restricted to {settings['small_window']} tokens")
+  _bars(axes[0, 3], report, 'extrapolation', report['extrapolation_buckets'], report['extrapolation_edges'],
+        f"documents of {report['extrapolation_length']} tokens ({settings['seq_len']} in training)")
+  ax = axes[1, 0]
+  for label in labels:
+    for j, style in zip(range(3), ('-', '--', ':')):
+      curve = mean_curve(report, label, f'probe_recall_accuracy_{names[j]}')
+      if curve:
+        ax.plot(*zip(*curve), style, color=colors[label], marker='.', label=f'{label}, {buckets[j]}')
+  ax.set(title='recall accuracy over training (probe)', xlabel='step', ylim=(0, 1.05))
+  for ax, j in ((axes[1, 1], 1), (axes[1, 2], 2)):
+    for label in labels:
+      for k, layer in enumerate(report['summary'][label]['full_layers']):
+        curve = mean_curve(report, label, f'probe_recall_mass_layer{layer}_{names[j]}')
+        if curve:
+          ax.plot(*zip(*curve), ('-', '--', ':', '-.')[k % 4], color=colors[label], marker='.',
+                  label=f'{label} layer {layer}')
+    if j == 2:
+      ax.axhline(report['formation_threshold'], color='k', lw=0.8, ls=':', label='formed')
+    ax.set(title=f'retrieval-head score of each full layer\n{buckets[j]}', xlabel='step', ylim=(0, 1.05))
+  ax = axes[1, 3]
+  ax.axis('off')
+  ax.text(0, 1, '\n\n'.join(textwrap.fill(v, 60) for v in report.get('verdicts', [])), va='top', fontsize=7,
+          family='monospace')
+  for ax in axes.ravel()[:-1]:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+  fig.suptitle(f"mini-study on the recall task, preset {report['preset']}, seeds {report['seeds']}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
