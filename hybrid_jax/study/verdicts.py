@@ -102,10 +102,10 @@ def _learned(entry: dict, bucket: str) -> bool:
   return mean is not None and mean >= LEARNED
 
 
-def where_retrieval_lives(summary: dict, buckets) -> Verdict:
+def where_retrieval_lives(summary: dict, buckets, caveat: str = '') -> Verdict:
   """Restricting the full layers to the small window lowers recall: between the windows for the large-window
   hybrid (its sliding layers could serve it there, yet its full layers do), and beyond the small window for the
-  small-window hybrids (only their full layers reach there)."""
+  small-window hybrids (only their full layers reach there). `caveat` (a sentence) is added to the evidence."""
   between, beyond = buckets[1], buckets[2]
   parts, evidence = [], []
   cases = [('SWA-2048', between)] + [(label, b) for label in ('SWA-128', 'SWA-128-NoPE') for b in (between, beyond)]
@@ -124,7 +124,7 @@ def where_retrieval_lives(summary: dict, buckets) -> Verdict:
                     f': {status(outcome)}).')
   return Verdict('Where retrieval lives', 'long-range retrieval is carried by the full-attention layers, even where '
                  'a large window could serve it, so restricting them to the small window lowers recall.',
-                 combine(parts), evidence)
+                 combine(parts), evidence + ([caveat] if caveat else []))
 
 
 def laziness(summary: dict, probe_every: int, steps: int) -> Verdict:
