@@ -6,6 +6,7 @@ instead of after a compile.
 
 import ast
 import difflib
+import importlib.machinery
 import importlib.util
 import math
 import pathlib
@@ -102,7 +103,9 @@ def load_python_file(path, kind: str):
   if not file.is_file():
     raise ConfigError(f'{kind} file {str(path)!r} does not exist' if not file.exists() else
                       f'{kind} file {str(path)!r} is a directory, not a Python file')
-  module_spec = importlib.util.spec_from_file_location(f'_hybrid_jax_{kind}_{file.stem}', file)
+  name = f'_hybrid_jax_{kind}_{file.stem}'  # An explicit loader: any file name is read as Python, not only *.py.
+  module_spec = importlib.util.spec_from_file_location(name, file, loader=importlib.machinery.SourceFileLoader(
+      name, str(file)))
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
@@ -250,10 +253,9 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                         f'version of hybrid_jax; available kinds: {", ".join(MIXER_KINDS_AVAILABLE)}')
     if kind not in MIXER_KINDS_AVAILABLE:
       _fail('model.cycle', m.cycle, f'unknown kind {kind!r}; allowed kinds: {", ".join(MIXER_KINDS_AVAILABLE)}')
-  if {'swa', 'headwise'} & set(cycle):
-    window = m.window
-    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-      _fail('model.window', window, 'must be a positive integer (keys each query sees, itself included)')
+  window = m.window  # Checked even when no layer slides: a bad value is a typo waiting for the next cycle.
+  if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+    _fail('model.window', window, 'must be a positive integer (keys each query sees, itself included)')
   _positive_int(c, 'model.headwise_full_kv_heads')
   if 'headwise' in cycle and not 0 < m.headwise_full_kv_heads < m.num_kv_heads:
     _fail('model.headwise_full_kv_heads', m.headwise_full_kv_heads,

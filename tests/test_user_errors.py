@@ -255,6 +255,9 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
       (['train', f'--workdir={a_file}'], [f'--workdir={a_file}: is a file, not a directory']),
       (['train', f'--workdir={paths["under_a_file"]}'], ['is a file, so no folder can be made under it']),
       (['train', '--config.train.lr=inf'], ['config.train.lr=inf is invalid']),
+      (['params', '--config=/bin/sh'], ["config file '/bin/sh' is not valid Python"]),  # A binary file.
+      (['bench', 'step', '--config=configs/hybrid.py:arch=gdn,scale=tiny', '--set', 'train.lr=inf', '--dry-run'],
+       ['config.train.lr=inf is invalid']),
       (['plan', '--sweep', 'configs/sweep.py:nosuch'], ["runs('nosuch') refused the argument"]),
       (['compile-check', '--sweep', 'configs/sweep.py:nosuch'], ["runs('nosuch') refused the argument"]),
       (['plan', '--runs', 'configs/hybrid.py:arch=gdn,scale=s1', '--fit', str(binary)], ['not JSON']),

@@ -17,7 +17,6 @@ and remat recompute included), embedding, final norm, LM head, loss, optimizer, 
 copies). Each part also gets its model TFLOP/s, so a slow mixer kernel stands out.
 """
 
-import ast
 import collections
 import contextlib
 import datetime
@@ -34,7 +33,7 @@ import numpy as np
 
 from hybrid_jax import checks, command_line
 from hybrid_jax.bench import profile
-from hybrid_jax.config import ConfigError, key_parent, load_config_file, validate
+from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, validate
 from hybrid_jax.models import flops as flops_lib, pattern
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import metrics, optim, state as state_lib, step as step_lib
@@ -62,13 +61,6 @@ def _parse(argv):
   return p.parse_args(argv)
 
 
-def _literal(text):
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text  # A bare word: a string value.
-
-
 def load_config(spec, *, seq_len=None, batch_size=None, grad_accum=None, overrides=()):
   """The validated config of `spec` with the benchmark's overrides applied (clear errors for unknown keys)."""
   config = load_config_file(spec)
@@ -77,7 +69,8 @@ def load_config(spec, *, seq_len=None, batch_size=None, grad_accum=None, overrid
     key, sep, value = item.partition('=')
     if not sep:
       raise ConfigError(f'--set {item!r}: expected KEY=VALUE, e.g. model.remat=full')
-    values.append((key, _literal(value)))
+    key_parent(config, key, '--set')
+    apply_override(config, key, value)  # The text read as the key's type, as --config.KEY=VALUE reads it.
   for key, value in values:
     if value is None:
       continue
