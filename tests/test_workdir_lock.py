@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from hybrid_jax.train import workdir_lock
+from tests.conftest import ROOT
 
 
 def _forge(workdir, **fields):
@@ -142,3 +143,35 @@ def test_a_bucket_mounted_as_files_takes_the_object_store_protocol(tmp_path, mon
   assert isinstance(workdir_lock.WorkdirLock(tmp_path)._file, workdir_lock._RemoteLeaseFile)
   monkeypatch.setattr(workdir_lock, 'filesystem_type', lambda path: 'ext4')
   assert workdir_lock.is_local(tmp_path) and not workdir_lock.is_local('gs://bkt/run')
+
+
+_RELEASE_AFTER_READ_ONLY = '''
+import json, os, pathlib, sys
+from hybrid_jax.train import workdir_lock
+workdir = pathlib.Path(sys.argv[1])
+lock = workdir_lock.WorkdirLock(workdir).acquire(renew_in_background=False)
+os.chmod(workdir / workdir_lock.LEASE_FILE, 0o444)  # The workdir turns read-only mid-run (chmod -R a-w).
+os.chmod(workdir, 0o555)
+lock.renew()
+lock.release()
+print(json.loads((workdir / workdir_lock.LEASE_FILE).read_text())['state'])
+'''
+
+
+def test_a_lease_is_released_after_the_workdir_turns_read_only(tmp_path):
+  """The holder keeps its lease file open, so neither renewal nor release needs write permission any more. Root
+  ignores file modes, so the check runs without the capability that lets it (where setpriv can drop it)."""
+  drop = []
+  if os.geteuid() == 0:
+    if subprocess.run(['setpriv', '--version'], capture_output=True).returncode != 0:
+      pytest.skip('running as root without setpriv: file modes cannot be made to apply')
+    drop = ['setpriv', '--inh-caps=-dac_override,-dac_read_search', '--bounding-set=-dac_override,-dac_read_search']
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  try:
+    out = subprocess.run([*drop, sys.executable, '-c', _RELEASE_AFTER_READ_ONLY, str(workdir)], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  finally:
+    workdir.chmod(0o755)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == 'released', out.stdout
