@@ -1,8 +1,9 @@
 """Orbax checkpoints of the train state and the data-iterator state, with fallback on a bad latest one.
 
-A restore walks back from the newest step: a checkpoint that is positively unreadable (files missing or corrupt, or
-arrays of another structure than the run's) is skipped with a warning and moved to `<directory>.unrestorable/`
-(kept for inspection), and the run continues from the newest one that restores. Any other failure (an I/O error
+A restore walks back from the newest step: a checkpoint that is positively unreadable (a file missing, truncated or
+corrupt, or arrays of another structure than the run's) is skipped with a warning naming the file and moved to
+`<directory>.unrestorable/` (kept for inspection), and the run continues from the newest one that restores. Array
+data has no checksum of its own, so each save also stores a fingerprint of every array, checked on restore. Any other failure (an I/O error
 that may pass, out of memory) stops the run with its cause and moves nothing: it says nothing about the checkpoint.
 Background (async) save failures surface as CheckpointError at the next save or at `wait()`, never silently.
 Arrays are restored into the layout of the abstract state given (its shardings), so a checkpoint written on one
