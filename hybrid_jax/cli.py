@@ -167,7 +167,7 @@ RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data
                 'analyze': 'hybrid_jax.analysis.cli:main',
                 'plan': 'hybrid_jax.study.plan:main', 'collect': 'hybrid_jax.study.collect:main',
                 'study': 'hybrid_jax.study.mini:main', 'hf': 'hybrid_jax.hf.cli:main',
-                'pretokenize': 'hybrid_jax.data.pretokenized:main'}
+                'pretokenize': 'hybrid_jax.data.pretokenized:main', 'sweep': 'hybrid_jax.sweep.cli:main'}
 RAW_SUMMARIES = {'bench': 'time kernels, decoding and the sharded train step (attention, scan, decode, step)',
                  'build-tfds': 'write text files as a local TFDS dataset (data.source=tfds)',
                  'fit': 'fit a scaling law to study points and plot it',
@@ -177,7 +177,8 @@ RAW_SUMMARIES = {'bench': 'time kernels, decoding and the sharded train step (at
                  'collect': 'gather finished runs into a scaling-law points table',
                  'study': 'train, evaluate and fit a small scaling study end to end',
                  'hf': 'export a run as a transformers checkpoint, or import one as a run',
-                 'pretokenize': 'tokenize a corpus once into ArrayRecord shards (data.source=pretokenized)'}
+                 'pretokenize': 'tokenize a corpus once into ArrayRecord shards (data.source=pretokenized)',
+                 'sweep': 'run every run of a sweep (local or Cloud TPU, resumable), or print where each stands'}
 
 
 def _command_list() -> str:

@@ -12,6 +12,10 @@ exact commands instead of running them.
       --workdir=/mnt/B/full_s3
   python launch/tpu_pod.py logs   --name=run1 --zone=us-east5-a
   python launch/tpu_pod.py delete --name=run1 --zone=us-east5-a
+  python launch/tpu_pod.py state  --name=run1 --zone=us-east5-a --queued   # ACTIVE, SUSPENDED, ... (queued only)
+
+`python -m hybrid_jax sweep run --backend tpu` drives these actions for a whole sweep (re-queueing preempted
+slices).
 """
 
 import argparse
@@ -58,7 +62,8 @@ def commands(a) -> list[list[str]]:
     return [_ssh(a, script, node=node) for node in _nodes(a)]
   if a.action == 'run':
     hybrid = ' '.join(shlex.quote(x) for x in a.command)
-    line = f'cd hybrid_jax && .venv/bin/python -m hybrid_jax {hybrid} 2>&1 | tee {LOG}'
+    # pipefail: the command's exit status (2 = a user error, 143 = stopped) comes back through ssh, not tee's.
+    line = f'set -o pipefail; cd hybrid_jax && .venv/bin/python -m hybrid_jax {hybrid} 2>&1 | tee {LOG}'
     if a.detach or a.slices > 1:  # Slices must start together: each ssh returns at once.
       line = f'cd hybrid_jax && nohup .venv/bin/python -m hybrid_jax {hybrid} > {LOG} 2>&1 &'
     return [_ssh(a, line, node=node) for node in _nodes(a)]
@@ -66,6 +71,9 @@ def commands(a) -> list[list[str]]:
     return [_ssh(a, f'tail -n 200 -f {LOG}', worker=a.worker)]
   if a.action == 'stop':  # SIGTERM: hybrid_jax writes a checkpoint and exits.
     return [_ssh(a, "pkill -TERM -f 'python -m hybrid_jax' || true", node=node) for node in _nodes(a)]
+  if a.action == 'state':  # The queued resource's state: a preempted spot slice leaves ACTIVE.
+    return [['gcloud', 'compute', 'tpus', 'queued-resources', 'describe', a.name, *_where(a),
+             '--format=value(state.state)']]
   if a.action == 'delete':
     if a.queued or a.slices > 1:
       return [['gcloud', 'compute', 'tpus', 'queued-resources', 'delete', a.name, *_where(a), '--force', '--quiet']]
@@ -73,9 +81,9 @@ def commands(a) -> list[list[str]]:
   raise ValueError(f'unknown action {a.action!r}')
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('action', choices=('create', 'setup', 'run', 'logs', 'stop', 'delete'))
+  p.add_argument('action', choices=('create', 'setup', 'run', 'logs', 'stop', 'state', 'delete'))
   p.add_argument('--name', required=True, help='TPU VM (or queued resource) name')
   p.add_argument('--zone', required=True)
   p.add_argument('--project', default='', help="'' = gcloud's configured project")
@@ -90,6 +98,16 @@ def main(argv=None) -> int:
   p.add_argument('--worker', default='0', help="logs: which worker's log ('all' for every worker)")
   p.add_argument('--detach', action='store_true', help='run: start in the background (then use logs / stop)')
   p.add_argument('--dry-run', action='store_true', help='print the commands instead of running them')
+  return p
+
+
+def parse(argv):
+  """The arguments of one launcher command line (`.command`: what follows `--`)."""
+  return command_line.parse(parser(), argv)
+
+
+def main(argv=None) -> int:
+  p = parser()
   a = command_line.parse(p, argv)
   if a.action == 'run' and not a.command:
     p.error('run needs a hybrid_jax command after --, e.g. -- train --config=...')

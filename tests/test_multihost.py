@@ -150,7 +150,7 @@ def test_tpu_pod_launcher_dry_run(capsys):
                        '--workdir=/mnt/bucket/run1']) == 0
   run = capsys.readouterr().out.strip()
   assert run == ("gcloud compute tpus tpu-vm ssh run1 --project=my-proj --zone=us-east5-a --worker=all "
-                 "'--command=cd hybrid_jax && .venv/bin/python -m hybrid_jax train "
+                 "'--command=set -o pipefail; cd hybrid_jax && .venv/bin/python -m hybrid_jax train "
                  "--config=configs/hybrid.py:arch=full,scale=s1 --workdir=/mnt/bucket/run1 2>&1 | tee "
                  "~/hybrid_jax_run.log'")
   assert tpu_pod.main(['setup', *common, '--repo=https://example.com/hybrid_jax', '--bucket=bkt', '--dry-run']) == 0

@@ -1,0 +1,86 @@
+"""`python -m hybrid_jax sweep run|status`: run every run of a sweep under one root, or print where each stands.
+
+  python -m hybrid_jax sweep run --sweep configs/sweep.py:main --root runs/main [--parallel 2] \\
+      [--config.train.steps=100 ...]
+  python -m hybrid_jax sweep run --sweep configs/sweep.py:s5 --root /mnt/BUCKET/s5 --backend tpu --zone us-east5-a \\
+      --repo https://github.com/YOU/hybrid_jax --bucket BUCKET --spot --fit docs/TPU_FIT.json --parallel 4
+  python -m hybrid_jax sweep status --root runs/main
+
+Rerunning the same `sweep run` skips completed runs and resumes stopped ones; a run that failed on a user error is
+reported with its cause and not retried unless its command changed (or --retry-failed). `--config.KEY=VALUE`
+overrides apply to every run; on a rerun, one that would change a key that defines an existing run is refused for
+that run, as `train` refuses it.
+"""
+
+import sys
+
+from hybrid_jax import checks, command_line
+from hybrid_jax.sweep import members as members_lib, runner as runner_lib, status as status_lib
+
+
+def _run_parser():
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep run', description=__doc__.splitlines()[0],
+                                  epilog='Any config key of every run is overridden with --config.KEY=VALUE.')
+  p.add_argument('--sweep', required=True, metavar='FILE:NAME', help='sweep file and name, e.g. configs/sweep.py:main')
+  p.add_argument('--root', required=True, help='folder of the run directories (a mounted bucket for --backend tpu)')
+  p.add_argument('--backend', choices=('local', 'tpu'), default='local',
+                 help='local: child processes on this machine; tpu: one Cloud TPU slice per run (launch/tpu_pod.py)')
+  p.add_argument('--parallel', type=checks.POSITIVE_INT, default=1,
+                 help='runs at a time (local: processes, each with its share of the GPUs; tpu: slices)')
+  p.add_argument('--retry-failed', action='store_true',
+                 help='start runs that failed on a user error again even with the same command')
+  p.add_argument('--dry-run', action='store_true', help='print what each run would execute; start nothing')
+  p.add_argument('--wandb', default='', metavar='PROJECT',
+                 help="also log every run's metrics.jsonl records to this Weights & Biases project (pip install "
+                 "'hybrid_jax[wandb]'; WANDB_MODE=offline logs to files only)")
+  from hybrid_jax.sweep import tpu  # pylint: disable=g-import-not-at-top
+  tpu.add_flags(p)
+  return p
+
+
+def _status_parser():
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep status', description=status_lib.__doc__)
+  p.add_argument('--root', required=True, type=checks.IN_DIR, help='folder of the run directories')
+  return p
+
+
+def run(argv) -> int:
+  parser = _run_parser()
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not a.startswith('--config.')]
+  if bad:
+    parser.error(f'unrecognized arguments: {" ".join(bad)}')
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+  members = members_lib.load(args.sweep, args.root, rest)
+  sweep = args.sweep.partition(':')[2] or 'study'
+  if args.backend == 'tpu':
+    from hybrid_jax.sweep import tpu  # pylint: disable=g-import-not-at-top
+    backend = tpu.TpuBackend.from_args(args, members)
+  else:
+    from hybrid_jax.sweep import local  # pylint: disable=g-import-not-at-top
+    checks.path(args.root, '--root', kind='dir', exists=False, writable=True)
+    backend = local.LocalBackend(args.parallel)
+  if args.dry_run:
+    for member in members:
+      print(f'# {member.name}: {runner_lib.decide(member, args.retry_failed)[1]}')
+      for line in backend.commands(member):
+        print(line)
+    return 0
+  sink = None
+  if args.wandb:
+    from hybrid_jax.sweep import wandb_sink  # pylint: disable=g-import-not-at-top
+    sink = wandb_sink.WandbSink(args.wandb)
+  return runner_lib.Runner(members, backend, sweep=sweep, retry_failed=args.retry_failed, sink=sink,
+                           say=lambda line: print(line, flush=True)).run()
+
+
+def main(argv) -> int:
+  """`sweep run ...` or `sweep status ...`."""
+  p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep', description=__doc__)
+  p.add_argument('command', choices=('run', 'status'), help='run: start or resume the runs; status: where each stands')
+  p.add_argument('args', nargs='...', help="the command's flags")
+  args = p.parse_args(argv)
+  if args.command == 'status':
+    return status_lib.main(_status_parser().parse_args(args.args).root)
+  return run(args.args)

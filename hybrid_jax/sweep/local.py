@@ -1,0 +1,103 @@
+"""The local backend: each run's `train` in a child process on this machine, `--parallel N` at a time.
+
+With several GPUs each of the N slots gets its own share of them (CUDA_VISIBLE_DEVICES), so runs never share a
+device; with one GPU the slots split its memory. A child asks the kernel for SIGTERM when the runner dies, so a
+killed runner leaves no trainer behind: each checkpoints and exits, and the rerun resumes it.
+"""
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from hybrid_jax import checks
+from hybrid_jax.sweep import outcome
+
+
+def gpu_ids() -> list[str]:
+  """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else what nvidia-smi lists (none without it)."""
+  visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  if visible is not None:
+    return [g for g in visible.split(',') if g.strip()]
+  if not shutil.which('nvidia-smi'):
+    return []
+  try:
+    out = subprocess.run(['nvidia-smi', '-L'], capture_output=True, text=True, timeout=30, check=False).stdout
+  except (OSError, subprocess.SubprocessError):
+    return []
+  return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith('GPU '))]
+
+
+def slot_envs(gpus: list[str], parallel: int) -> list[dict]:
+  """The environment of each slot: a disjoint share of `gpus` when there are several, a share of one GPU's memory
+  when there is one, nothing on CPU."""
+  if len(gpus) > 1:
+    if parallel > len(gpus):
+      raise checks.InputError(f'--parallel={parallel} is invalid: at most the {len(gpus)} GPUs here, one or more '
+                              'per run')
+    share = len(gpus) // parallel
+    return [{'CUDA_VISIBLE_DEVICES': ','.join(gpus[i * share:(i + 1) * share])} for i in range(parallel)]
+  if len(gpus) == 1 and parallel > 1:
+    return [{'XLA_PYTHON_CLIENT_MEM_FRACTION': f'{0.9 / parallel:.3f}'} for _ in range(parallel)]
+  return [{} for _ in range(parallel)]
+
+
+try:  # Looked up here, not in the forked child (a lookup there could wait on a lock another thread held).
+  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # Not Linux.
+  _PRCTL = None
+
+
+def _die_with_parent():
+  """In the child before exec: SIGTERM when the runner dies (prctl PR_SET_PDEATHSIG)."""
+  if _PRCTL is not None:
+    _PRCTL(1, signal.SIGTERM)
+
+
+class LocalBackend:
+  """Runs `python -m hybrid_jax train ...` here, one child per slot."""
+
+  name = 'local'
+
+  def __init__(self, parallel: int = 1, gpus: list[str] | None = None):
+    self.slots = parallel
+    self.envs = slot_envs(gpu_ids() if gpus is None else gpus, parallel)
+    self._children, self._lock, self._stopping = set(), threading.Lock(), False
+
+  def where(self, slot: int) -> str:
+    gpus = self.envs[slot].get('CUDA_VISIBLE_DEVICES')
+    return f'{socket.gethostname()}' + (f' gpu {gpus}' if gpus else '')
+
+  def commands(self, member) -> list[str]:
+    return [f'python -m hybrid_jax {member.command()}']
+
+  def attempt(self, member, slot: int, log_path) -> outcome.Outcome:
+    env = {**os.environ, **self.envs[slot]}
+    with open(log_path, 'a') as log:
+      log.write(f'--- {time.strftime("%Y-%m-%d %H:%M:%S")} {self.where(slot)}: {member.command()}\n')
+      log.flush()
+      with self._lock:
+        if self._stopping:
+          return outcome.Outcome('stopped', None, 'the sweep was stopped before this run started')
+        child = subprocess.Popen([sys.executable, '-m', 'hybrid_jax', *member.train_args()], stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                 preexec_fn=_die_with_parent)
+        self._children.add(child)
+      try:
+        code = child.wait()
+      finally:
+        with self._lock:
+          self._children.discard(child)
+    return outcome.classify(code, log_path)
+
+  def stop(self) -> None:
+    """SIGTERM to every child (each checkpoints and exits); no new run starts."""
+    with self._lock:
+      self._stopping = True
+      for child in self._children:
+        child.send_signal(signal.SIGTERM)

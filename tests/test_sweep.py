@@ -1,0 +1,196 @@
+"""`sweep run` / `sweep status`: a killed local sweep resumed by its rerun, the TPU backend against a stand-in for
+gcloud (a failed create, a preempted slice re-queued, a user error reported once), and the W&B sink."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hybrid_jax.sweep import cli as sweep_cli, local, status, tpu, wandb_sink
+from tests.conftest import ROOT, SMALL, wait_for
+
+# The seconds-fast run of conftest.SMALL, in float32, without the whole-document evaluation.
+OVERRIDES = [f'--config.{section}.{key}={value}' for section, values in SMALL.items() for key, value in values.items()]
+OVERRIDES += ['--config.eval.documents=0', '--config.model.dtype=float32', '--config.train.checkpoint_every=1000']
+BASE = f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny'
+
+
+def _sweep_file(tmp_path, runs):
+  path = tmp_path / 'sweep.py'
+  path.write_text(f'RUNS = {runs!r}\n\n\ndef runs(name):\n  return RUNS\n')
+  return f'{path}:tiny'
+
+
+def _command(sweep, root, *extra):
+  return [sys.executable, '-m', 'hybrid_jax', 'sweep', 'run', f'--sweep={sweep}', f'--root={root}', *OVERRIDES,
+          *extra]
+
+
+def _losses(workdir):
+  lines = (workdir / 'metrics.jsonl').read_text().splitlines()
+  return {r['step']: r['loss'] for r in map(json.loads, lines) if r['kind'] == 'train'}
+
+
+def _sessions(workdir):
+  return json.loads((workdir / 'config_history.json').read_text())['sessions']
+
+
+def test_a_killed_local_sweep_resumes_on_rerun(tmp_path):
+  """Runs 0 and 1 train alike (keep_checkpoints does not change a loss): run 1, killed with the runner, must end
+  as run 0 did."""
+  sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed=0', f'{BASE} --config.seed=0 --config.train.keep_checkpoints=2',
+                                 f'{BASE} --config.seed=1', f'{BASE} --config.seed=2'])
+  root = tmp_path / 'root'
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  args = ['--config.train.steps=24']
+  runner = subprocess.Popen(_command(sweep, root, *args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+  wait_for(lambda: root.is_dir() and len(status.run_dirs(root)) == 4, runner, 'the run directories')
+  dirs = status.run_dirs(root)
+  victim = next(d for d in dirs if 'keep_checkpoints' in d.name)
+  wait_for(lambda: (victim / 'metrics.jsonl').exists(), runner, 'the second run training')
+  runner.send_signal(signal.SIGKILL)  # The runner alone: its trainer gets SIGTERM from the kernel and checkpoints.
+  runner.wait()
+  deadline = time.time() + 120  # Its trainer, orphaned, checkpoints on the kernel's SIGTERM and writes its report.
+  while not (victim / 'report.json').exists():
+    assert time.time() < deadline, 'the killed runner\'s trainer did not stop'
+    time.sleep(0.05)
+  assert json.loads((victim / 'report.json').read_text())['status'] == 'preempted'
+  table = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'sweep', 'status', f'--root={root}'],
+                         capture_output=True, text=True, check=True).stdout
+  assert '1 completed' in table and '1 stopped' in table and '2 pending' in table, table
+
+  rerun = subprocess.run(_command(sweep, root, *args), env=env, capture_output=True, text=True)
+  assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+  assert 'completed at step 24\n' in rerun.stdout and 'resumes from step' in rerun.stdout, rerun.stdout
+  for d in dirs:  # Completed exactly once: one session each, two for the resumed run.
+    assert json.loads((d / 'report.json').read_text())['status'] == 'completed'
+    assert len(_sessions(d)) == (2 if d == victim else 1), d.name
+  reference = next(d for d in dirs if d.name.endswith('seed-0'))
+  assert _losses(victim) == _losses(reference)
+  assert json.loads((victim / 'report.json').read_text())['resumed_from'] > 0
+
+  # A changed override that defines the runs is refused for each of them; nothing trains.
+  refused = subprocess.run(_command(sweep, root, *args, '--config.model.d_ff=128'), env=env, capture_output=True,
+                           text=True)
+  assert refused.returncode == 2, refused.stdout + refused.stderr
+  assert refused.stdout.count('refused: the overrides change keys that define the run: model.d_ff') == 4
+  assert all(len(_sessions(d)) == (2 if d == victim else 1) for d in dirs)
+
+
+def _fake_gcloud(tmp_path, script):
+  bin_dir, home, state = tmp_path / 'bin', tmp_path / 'home', tmp_path / 'gcloud'
+  for d in (bin_dir, state, home / 'hybrid_jax' / '.venv' / 'bin'):
+    d.mkdir(parents=True)
+  (bin_dir / 'gcloud').symlink_to(ROOT / 'tests' / 'data' / 'fake_gcloud.py')
+  (home / 'hybrid_jax' / 'configs').symlink_to(ROOT / 'configs')  # The slice's clone, as far as train reads it.
+  python = home / 'hybrid_jax' / '.venv' / 'bin' / 'python'
+  python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+  python.chmod(0o755)
+  (state / 'script.json').write_text(json.dumps(script))
+  return dict(os.environ, PATH=f'{bin_dir}:{os.environ["PATH"]}', HOME=str(home), FAKE_GCLOUD_DIR=str(state),
+              JAX_PLATFORMS='cpu')
+
+
+TPU_FLAGS = ['--backend=tpu', '--zone=us-east5-a', '--repo=https://example.com/hybrid_jax', '--bucket=bkt', '--spot',
+             '--poll-s=0.05']
+
+
+def test_the_tpu_backend_requeues_a_preempted_slice_and_reports_a_user_error_once(tmp_path):
+  sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed=0', f'{BASE} --config.seed=1 --config.train.init_from=/nowhere'])
+  env = _fake_gcloud(tmp_path, {'create': ['fail'], 'run': ['preempt']})
+  root = tmp_path / 'root'
+  out = subprocess.run(_command(sweep, root, '--config.train.steps=24', *TPU_FLAGS), env=env, capture_output=True,
+                       text=True)
+  assert out.returncode == 2, out.stdout + out.stderr
+  calls = (tmp_path / 'gcloud' / 'calls.log').read_text().splitlines()
+  creates = [c for c in calls if 'queued-resources create' in c]
+  assert len(creates) == 3 and all('--spot' in c and '--accelerator-type=v5p-8' in c for c in creates), calls
+  assert 'create failed' in out.stdout and 're-queueing it to resume the run' in out.stdout, out.stdout
+  good, bad = sorted(status.run_dirs(root))
+  report = json.loads((good / 'report.json').read_text())
+  assert report['status'] == 'completed' and report['steps'] == 24 and report['resumed_from'] > 0
+  trains = [c for c in calls if 'hybrid_jax train' in c]
+  assert sum(bad.name in c for c in trains) == 1 and sum(good.name in c for c in trains) == 2, trains
+  (line,) = [line for line in out.stdout.splitlines() if bad.name in line and 'failed at step 0/24' in line]
+  assert line.endswith("config.train.init_from='/nowhere' is invalid: no checkpoints under /nowhere/checkpoints")
+  assert calls[-1].startswith('compute tpus queued-resources delete')  # The slice is given back at the end.
+
+  rerun = subprocess.run(_command(sweep, root, '--config.train.steps=24', *TPU_FLAGS), env=env, capture_output=True,
+                         text=True)
+  assert rerun.returncode == 2 and 'failed before, not retried' in rerun.stdout, rerun.stdout
+  assert (tmp_path / 'gcloud' / 'calls.log').read_text().splitlines() == calls  # Nothing was queued again.
+
+
+def test_tpu_dry_run_prints_each_runs_gcloud_lines_with_its_fit_topology(tmp_path, capsys):
+  fit = tmp_path / 'fit.json'
+  fit.write_text(json.dumps([{'target': 'v5p:4x4x4', 'chips': 64, 'arch': 'swa128_nope', 'scale': 'tiny',
+                              'seq_len': 64, 'batch_size': 2, 'fits': True}]))
+  sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed=0'])
+  code = sweep_cli.main(['run', f'--sweep={sweep}', '--root=/mnt/bkt/sweep', *OVERRIDES, *TPU_FLAGS, f'--fit={fit}',
+                         '--dry-run'])
+  lines = capsys.readouterr().out.splitlines()
+  assert code == 0 and lines[0].endswith(': starts')
+  assert lines[1].startswith('gcloud compute tpus queued-resources create hj-sweep-0 --zone=us-east5-a '
+                             '--accelerator-type=v5p-128 ')
+  assert lines[1].endswith('--spot')
+  run = next(line for line in lines if 'hybrid_jax train' in line)
+  assert '--config=configs/hybrid.py:arch=swa128_nope,scale=tiny' in run and '--workdir=/mnt/bkt/sweep/' in run
+  assert not pathlib.Path('/mnt/bkt').exists()
+
+
+def test_slots_get_disjoint_gpus():
+  assert local.slot_envs(['0', '1', '2', '3'], 2) == [{'CUDA_VISIBLE_DEVICES': '0,1'}, {'CUDA_VISIBLE_DEVICES': '2,3'}]
+  assert local.slot_envs([], 2) == [{}, {}]
+  assert local.slot_envs(['0'], 2)[0] == {'XLA_PYTHON_CLIENT_MEM_FRACTION': '0.450'}
+  with pytest.raises(local.checks.InputError, match='--parallel=3'):
+    local.slot_envs(['0', '1'], 3)
+  assert tpu.accelerator_type('v5p:4x4x4', 64) == 'v5p-128' and tpu.accelerator_type('v6e:4x4', 16) == 'v6e-16'
+
+
+class _FakeRun:
+
+  def __init__(self, logged):
+    self.logged = logged
+
+  def log(self, values, step):
+    self.logged.append((step, values))
+
+  def finish(self):
+    pass
+
+
+class _FakeWandb:
+  """Records what the sink sends (wandb itself is an optional extra)."""
+
+  def __init__(self):
+    self.inits, self.logged = [], []
+    self.util = type('util', (), {'generate_id': staticmethod(lambda: 'abc123')})
+
+  def init(self, **kwargs):
+    self.inits.append(kwargs)
+    return _FakeRun(self.logged)
+
+
+def test_the_wandb_sink_logs_the_metrics_records_once_each(tmp_path, monkeypatch):
+  fake = _FakeWandb()
+  monkeypatch.setitem(sys.modules, 'wandb', fake)
+  sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed=0'])
+  (member,) = sweep_cli.members_lib.load(sweep, tmp_path / 'root', OVERRIDES)
+  member.workdir.mkdir(parents=True)
+  records = [{'step': s, 'kind': 'train', 'loss': 5.0 - s} for s in (1, 2)]
+  (member.workdir / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+  sink = wandb_sink.WandbSink('proj')
+  assert sink.sync(member, 'tiny') == 2
+  with open(member.workdir / 'metrics.jsonl', 'a') as f:  # A resumed attempt logs step 3.
+    f.write(json.dumps({'step': 3, 'kind': 'train', 'loss': 1.5}) + '\n')
+  assert sink.sync(member, 'tiny') == 1
+  assert fake.logged == [(1, {'train/loss': 4.0}), (2, {'train/loss': 3.0}), (3, {'train/loss': 1.5})]
+  assert [i['id'] for i in fake.inits] == ['abc123', 'abc123']
+  assert fake.inits[0]['name'] == member.name and fake.inits[0]['group'] == 'tiny'
+  assert 'sweep:tiny' in fake.inits[0]['tags'] and fake.inits[0]['config']['seed'] == 0
