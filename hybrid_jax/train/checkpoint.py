@@ -144,8 +144,9 @@ def _file_of_key(database: str, key: str, max_nodes: int = 1000) -> str | None:
 
 
 class _QuietShutdown(logging.Filter):
-  """Drops asyncio's 'unhandled exception during asyncio.run() shutdown' records: when one array of a damaged
-  checkpoint fails, orbax leaves its sibling reads failing too, each logged with a full tensorstore spec."""
+  """Drops asyncio's 'unhandled exception during asyncio.run() shutdown' records: after failed reads of a damaged
+  checkpoint, orbax can leave sibling reads failing too (seen when restores failed repeatedly in one process), each
+  logged with a full tensorstore spec."""
 
   def filter(self, record):
     return 'during asyncio.run() shutdown' not in record.getMessage()
