@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special
 
+from hybrid_jax import command_line
 from hybrid_jax.analysis import scaling_law
 from tests.conftest import ROOT
 
@@ -226,8 +227,9 @@ def test_cli_prints_the_json_and_writes_the_plot(tmp_path, monkeypatch, capsys):
 def test_bad_data_gets_a_clear_error(tmp_path, capsys, content, message):
   path = tmp_path / 'points.tsv'
   path.write_text(content)
-  assert scaling_law.main(['--data', str(path), '--out', str(tmp_path / 'out')]) == 2
-  assert message in capsys.readouterr().err
+  assert command_line.run(scaling_law.main, ['--data', str(path), '--out', str(tmp_path / 'out')]) == 2
+  err = capsys.readouterr().err
+  assert message in err and err.startswith('error: ') and err.count('\n') == 1
 
 
 def test_missing_file_and_log_of_small_values():
