@@ -56,6 +56,7 @@ def plot_report(report: dict, path) -> None:
       curve = mean_curve(report, label, f'probe_recall_accuracy_{names[j]}')
       if curve:
         ax.plot(*zip(*curve), style, color=colors[label], marker='.', label=f'{label}, {buckets[j]}')
+  ax.axhline(report['formation_threshold'], color='k', lw=0.8, ls=':', label='formed (beyond the large window)')
   ax.set(title='recall accuracy over training (probe)', xlabel='step', ylim=(0, 1.05))
   for ax, j in ((axes[1, 1], 1), (axes[1, 2], 2)):
     for label in labels:
@@ -64,12 +65,10 @@ def plot_report(report: dict, path) -> None:
         if curve:
           ax.plot(*zip(*curve), ('-', '--', ':', '-.')[k % 4], color=colors[label], marker='.',
                   label=f'{label} layer {layer}')
-    if j == 2:
-      ax.axhline(report['formation_threshold'], color='k', lw=0.8, ls=':', label='formed')
     ax.set(title=f'retrieval-head score of each full layer\n{buckets[j]}', xlabel='step', ylim=(0, 1.05))
   ax = axes[1, 3]
   ax.axis('off')
-  ax.text(0, 1, '\n\n'.join(textwrap.fill(v, 60) for v in report.get('verdicts', [])), va='top', fontsize=7,
+  ax.text(0, 1, '\n\n'.join(textwrap.fill(v, 75) for v in report.get('verdicts', [])), va='top', fontsize=5.5,
           family='monospace')
   for ax in axes.ravel()[:-1]:
     ax.grid(alpha=0.3)
