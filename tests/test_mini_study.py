@@ -107,7 +107,7 @@ def test_windows_and_distances_follow_the_preset():
 
 @pytest.mark.slow
 def test_mini_preset(tmp_path):
-  """The real preset, one seed (about 20 minutes on 2 idle cores, BENCHMARKS.md)."""
+  """The real preset, one seed (12-25 minutes on 2 cores, BENCHMARKS.md)."""
   assert mini.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
   _check_report(tmp_path, 'mini', seeds=mini.PRESETS['mini'].seeds)
 
