@@ -104,3 +104,16 @@ def test_an_old_lightning_run_loads_as_trained_and_refuses_to_resume_as_the_new_
   config.model.lightning.decay_rates = 'alibi_interleaved'
   with session_lib.open_session(config, tmp_path) as session:
     assert session.allowed == {}
+
+
+def test_init_from_an_old_lightning_run_names_the_decay_rates_it_was_trained_with(tmp_path, caplog):
+  """Parameters copied (train.init_from) from a run with the interleaved rates into a closed-form model are named;
+  the same rates, or a run without Lightning layers, are not."""
+  from hybrid_jax.train import loop  # pylint: disable=g-import-not-at-top
+  config = small_config('lightning', lightning=dict(num_heads=3, key_dim=4, value_dim=4))
+  (tmp_path / 'config.json').write_text(json.dumps(_before_the_decay_key(config)))
+  message = loop.init_from_mismatch(tmp_path, config.model)
+  assert "'alibi_interleaved', this run uses 'closed_form'" in message and 'decay_rates=alibi_interleaved' in message
+  config.model.lightning.decay_rates = 'alibi_interleaved'
+  assert loop.init_from_mismatch(tmp_path, config.model) is None
+  assert loop.init_from_mismatch(tmp_path / 'missing', config.model) is None

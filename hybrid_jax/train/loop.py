@@ -89,9 +89,29 @@ def _check_vocab(config):
                       f'{config.data.tokenizer!r} has {tokenizer.vocab_size} tokens; use at least that many')
 
 
-def _params_of_run(run_dir, params):
+def init_from_mismatch(run_dir, model_cfg) -> str | None:
+  """Why parameters taken from `run_dir` compute something else in a model of `model_cfg` that has the same shapes
+  (today: Lightning decay rates, which are constants, not parameters), or None. A run without a readable config is
+  not judged."""
+  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  try:
+    source = runs.load_config(run_dir).model
+  except runs.RunError:
+    return None
+  if 'lightning' in source.cycle and source.lightning.decay_rates != model_cfg.lightning.decay_rates:
+    return (f'config.train.init_from={run_dir}: its Lightning layers were trained with decay rates '
+            f'{source.lightning.decay_rates!r}, this run uses {model_cfg.lightning.decay_rates!r}; the copied '
+            'parameters start from a model with other decays (set --config.model.lightning.decay_rates='
+            f'{source.lightning.decay_rates} to keep them)')
+  return None
+
+
+def _params_of_run(run_dir, params, model_cfg):
   """The newest checkpoint's parameters of another run, in the layout of `params` (e.g. for context extension)."""
   from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  mismatch = init_from_mismatch(run_dir, model_cfg)
+  if mismatch:
+    logging.warning('%s', mismatch)
   steps = runs.checkpoint_steps(run_dir)
   if not steps:
     raise ConfigError(f'config.train.init_from={run_dir!r} is invalid: no checkpoints under {run_dir}/checkpoints')
@@ -155,7 +175,7 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   else:
     state = state_lib.init_sharded_train_state(config.model, config.seed, tx, shardings.state)
     if t.init_from:
-      state['params'] = _params_of_run(t.init_from, state['params'])
+      state['params'] = _params_of_run(t.init_from, state['params'], config.model)
   session.start(start)  # config.json for a fresh run; this session (and its config changes) in the history.
   train_step = step_lib.make_train_step(model_def, tx, t, shardings)
   eval_step = step_lib.make_eval_step(model_def, shardings, t.loss_chunk)
