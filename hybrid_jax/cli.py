@@ -175,7 +175,7 @@ RAW_SUMMARIES = {'bench': 'time kernels, decoding and the sharded train step (at
                  'analyze': 'dissect a trained run: probing, restriction, tracing, retrieval heads, influence',
                  'plan': 'tokens, FLOPs and accelerator-hours of a sweep, and its launch lines',
                  'collect': 'gather finished runs into a scaling-law points table',
-                 'study': 'train, evaluate and fit a small scaling study end to end',
+                 'study': 'the mini-study: four arches on the recall task, verdicts on the study\'s mechanistic claims',
                  'hf': 'export a run as a transformers checkpoint, or import one as a run',
                  'pretokenize': 'tokenize a corpus once into ArrayRecord shards (data.source=pretokenized)',
                  'sweep': 'run every run of a sweep (local or Cloud TPU, resumable), or print where each stands'}
