@@ -327,7 +327,8 @@ def main(argv) -> int:
   parser.add_argument('--polish', action='store_true',
                       help="also minimise the objective to convergence and report that fit under 'polish', beside "
                       "the released procedure's (which stops short of the minimum)")
-  parser.add_argument('--out', default='.', type=checks.OUT_DIR, help='folder for the outputs (the plot <data stem>_fit.png)')
+  parser.add_argument('--out', default='.', type=checks.OUT_DIR,
+                      help='folder for the outputs (the plot <data stem>_fit.png)')
   args = parser.parse_args(argv)
   if len(args.alpha_bounds) != 2 or not args.alpha_bounds[0] < args.alpha_bounds[1]:
     raise InputError(f'--alpha-bounds={",".join(map(str, args.alpha_bounds))} is invalid: give two numbers, '

@@ -120,8 +120,8 @@ def where_retrieval_lives(summary: dict, buckets, caveat: str = '') -> Verdict:
     outcome = compare(entry['drop'][bucket], constant(0.0), MIN_ACCURACY_EFFECT)
     parts.append(status(outcome))
     evidence.append(f'{label} {bucket}: recall {pm(entry["accuracy"][bucket])} as trained, '
-                    f'{pm(entry["restricted"][bucket])} with its full layers restricted (drop {pm(entry["drop"][bucket])}'
-                    f': {status(outcome)}).')
+                    f'{pm(entry["restricted"][bucket])} with its full layers restricted '
+                    f'(drop {pm(entry["drop"][bucket])}: {status(outcome)}).')
   return Verdict('Where retrieval lives', 'long-range retrieval is carried by the full-attention layers, even where '
                  'a large window could serve it, so restricting them to the small window lowers recall.',
                  combine(parts), evidence + ([caveat] if caveat else []))
