@@ -250,7 +250,8 @@ def run_one(label: str, preset: Preset, seed: int, out_dir: pathlib.Path, progre
   workdir = out_dir / config.name
   key = _settings_key(label, preset, seed)
   saved = workdir / RESULT_FILE
-  if saved.exists() and _finished(workdir, preset.steps):
+  train_report = _finished(workdir, preset.steps)
+  if train_report is not None and saved.exists():
     try:
       stored = json.loads(saved.read_text())
     except ValueError:
@@ -259,7 +260,6 @@ def run_one(label: str, preset: Preset, seed: int, out_dir: pathlib.Path, progre
       if progress:
         print(f'[{label} seed {seed}] finished earlier: scores read from {saved}', flush=True)
       return stored['result']
-  train_report = _finished(workdir, preset.steps)
   if train_report is None:
     if progress:
       print(f'[{label} seed {seed}] training {preset.steps} steps in {workdir}', flush=True)

@@ -65,9 +65,6 @@ def compare(a: dict, b: dict, min_effect: float) -> str:
   return 'unclear'
 
 
-_STATUS = {'greater': REPRODUCED, 'less': NOT_REPRODUCED, 'same': NOT_REPRODUCED, 'unclear': NOT_SEPARABLE}
-
-
 def status(outcome: str, expected: str = 'greater') -> str:
   """The verdict of a comparison outcome for a claim that expects `expected` ('greater', 'less' or 'same')."""
   if outcome == 'unclear':
@@ -134,15 +131,14 @@ def laziness(summary: dict, probe_every: int, steps: int) -> Verdict:
   if not {'SWA-128', 'SWA-2048'} <= set(summary):
     return Verdict('Large-window laziness', _LAZY_CLAIM, NOT_ASSESSABLE, ['needs SWA-128 and SWA-2048.'])
   small, large = summary['SWA-128']['formation'], summary['SWA-2048']['formation']
-  if small['never'] and large['never'] and small['never'] == len(small['step']['values']) and \
-      large['never'] == len(large['step']['values']):
+  if all(f['never'] and f['never'] == len(f['step']['values']) for f in (small, large)):
     return Verdict('Large-window laziness', _LAZY_CLAIM, NOT_ASSESSABLE,
                    [f'neither arch learned to recall beyond the large window within {steps} steps.'])
   outcome = compare(large['step'], small['step'], probe_every)
   censored = [f"{label} never did in {f['never']} of {len(f['step']['values'])} seeds (counted as step "
               f'{steps + probe_every})' for label, f in (('SWA-2048', large), ('SWA-128', small)) if f['never']]
   evidence = [f"first probe at which recall beyond the large window (only the full layers reach there) reaches "
-              f"{summary['SWA-128']['formation']['threshold']}: SWA-2048 step {pm(large['step'], 0)}, SWA-128 step "
+              f"{small['threshold']}: SWA-2048 step {pm(large['step'], 0)}, SWA-128 step "
               f"{pm(small['step'], 0)} (probe every {probe_every} steps): {status(outcome)}" +
               (f"; {'; '.join(censored)}" if censored else '') + '.']
   if 'SWA-128-NoPE' in summary:
