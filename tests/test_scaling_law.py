@@ -237,3 +237,12 @@ def test_missing_file_and_log_of_small_values():
     scaling_law.load_points('/nonexistent.tsv')
   with pytest.raises(ValueError, match='formula'):
     scaling_law.fit(scaling_law.load_points(STUDY_FILE), formula='kaplan')
+
+
+@pytest.mark.parametrize('bounds', ['0.3,0.2', '0.2', '0.2,0.25,0.3'])
+def test_alpha_bounds_must_be_two_increasing_numbers(tmp_path, capsys, bounds):
+  argv = ['--data', str(STUDY_FILE), '--alpha-bounds', bounds, '--out', str(tmp_path / 'out')]
+  assert command_line.run(scaling_law.main, argv) == 2
+  err = capsys.readouterr().err
+  assert err == f'error: --alpha-bounds={bounds} is invalid: give two numbers, lower < upper, e.g. 0.2,0.3\n'
+  assert not (tmp_path / 'out').exists()
