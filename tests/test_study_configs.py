@@ -55,7 +55,7 @@ def test_init_from_reads_the_source_runs_newest_parameters(tiny_run):
       config.model, 1, optim.make_optimizer(config.train),
       jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
                    state_lib.abstract_initial_state(config.model, 1, optim.make_optimizer(config.train))))
-  got = loop._params_of_run(str(tiny_run), fresh['params'])  # pylint: disable=protected-access
+  got = loop._params_of_run(str(tiny_run), fresh['params'], config.model)  # pylint: disable=protected-access
   want = runs.load_run(tiny_run).params
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -65,8 +65,8 @@ def test_init_from_errors(tiny_run, tmp_path):
   config = small_config()
   params = jax.jit(lambda: state_lib.init_params(config.model, 0))()
   with pytest.raises(ConfigError, match='no checkpoints'):
-    loop._params_of_run(str(tmp_path), params)  # pylint: disable=protected-access
+    loop._params_of_run(str(tmp_path), params, config.model)  # pylint: disable=protected-access
   wider = jax.jit(lambda: state_lib.init_params(small_config(d_model=48).model, 0))()
   with pytest.raises(ConfigError, match='cannot be restored'):
-    loop._params_of_run(str(tiny_run), wider)  # pylint: disable=protected-access
+    loop._params_of_run(str(tiny_run), wider, small_config(d_model=48).model)  # pylint: disable=protected-access
   assert study_config().train.init_from == ''
