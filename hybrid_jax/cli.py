@@ -64,7 +64,7 @@ def cmd_shardings(args, config):
 
 
 def _compile_targets(args):
-  from hybrid_jax.parallel import compile_check
+  from hybrid_jax.compile_check import fit as compile_check
   if args.topology:
     return [compile_check.tpu_target(t, args.num_slices) for t in args.topology]
   return [compile_check.fake_cpu_target(args.devices)]
@@ -88,7 +88,7 @@ def _compile_configs(args, config):
 
 def cmd_compile_check(args, config):
   """Compile the train step for target meshes without running it: fit, memory, FLOPs, estimated step time."""
-  from hybrid_jax.parallel import compile_check
+  from hybrid_jax.compile_check import fit as compile_check
   limit = args.memory_budget_gib * 2**30 if args.memory_budget_gib else None
   rows = []
   targets = _compile_targets(args)

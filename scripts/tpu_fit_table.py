@@ -47,7 +47,7 @@ def main(argv=None):
   p.add_argument('--render-only', action='store_true', help='rewrite OUT from OUT.json; compile nothing')
   args = p.parse_args(argv)
   from hybrid_jax.config import load_config_file, validate
-  from hybrid_jax.parallel import compile_check
+  from hybrid_jax.compile_check import fit as compile_check
   out = pathlib.Path(args.out)
   store = out.with_suffix('.json')
   rows = json.loads(store.read_text()) if store.exists() else []
@@ -81,7 +81,7 @@ def main(argv=None):
 
 
 def _write(out, rows, grid):
-  from hybrid_jax.parallel import compile_check
+  from hybrid_jax.compile_check import fit as compile_check
   versions = ', '.join(f'{n} {importlib.metadata.version(n)}' for n in ('jax', 'jaxlib', 'libtpu', 'flax'))
   header = (f'# The study on Cloud TPU: what fits where\n\nGenerated {datetime.date.today()} by '
             f'`python scripts/tpu_fit_table.py` ({versions}) on a CPU host: each row is\n'

@@ -10,7 +10,8 @@ import pytest
 
 from hybrid_jax import cli
 from hybrid_jax.config import validate
-from hybrid_jax.parallel import chips, compile_check, mesh as mesh_lib
+from hybrid_jax.compile_check import fit as compile_check
+from hybrid_jax.parallel import chips, mesh as mesh_lib
 from tests.conftest import ROOT, study_config
 
 
@@ -108,3 +109,20 @@ def test_multislice_compiles_with_data_parallelism_across_slices(tmp_path):
   assert row['chips'] == 8 and row['target'] == 'v5e:2x2 x 2 slices' and row['fits'] is True
   assert row['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
   assert 'libtpu' not in out.stderr.lower() and 'TPU_' not in out.stderr  # Quiet on a host without TPUs.
+
+
+def test_no_import_arrow_runs_up_to_the_tool():
+  """compile-check builds and compiles the train step, so it sits above train/ and models/: neither they, nor
+  parallel/ (which models/ imports), may import it, and parallel/ imports neither train/ nor models/."""
+  import ast
+  below = {'parallel': ('compile_check', 'train', 'models'), 'models': ('compile_check', 'train'),
+           'train': ('compile_check',), 'kernels': ('compile_check', 'train', 'models')}
+  found = []
+  for package, forbidden in below.items():
+    for path in sorted((ROOT / 'hybrid_jax' / package).rglob('*.py')):
+      for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ''] if isinstance(node, ast.ImportFrom) else [])
+        found += [f'{path.relative_to(ROOT)} imports {n}' for n in names
+                  if any(n == f'hybrid_jax.{f}' or n.startswith(f'hybrid_jax.{f}.') for f in forbidden)]
+  assert not found

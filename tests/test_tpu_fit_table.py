@@ -85,7 +85,7 @@ def _compiled(arch, scale, target, revision=None):
 
 
 def test_a_run_compiles_missing_and_older_rows_and_keeps_current_ones(tmp_path, monkeypatch):
-  from hybrid_jax.parallel import compile_check
+  from hybrid_jax.compile_check import fit as compile_check
   script = _script()
   store = tmp_path / 'TPU_FIT.json'
   # A row from before revisions were recorded (revision 1) and one of the current revision.

@@ -20,6 +20,7 @@ import jax
 
 from hybrid_jax.models import flops as flops_lib
 from hybrid_jax.parallel import chips, mesh as mesh_lib, rules as rules_lib
+from hybrid_jax.train import optim, state as state_lib, step as step_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,6 @@ def compile_step(config, target: Target, memory_limit: float | None = None) -> d
 
   It fits when the compiled peak is within `memory_limit` bytes (default: the chip's HBM; unknown for CPUs).
   """
-  from hybrid_jax.train import optim, state as state_lib, step as step_lib
   config = _with_slices(config, target)
   mesh = mesh_lib.make_mesh(config.parallel, list(target.devices))
   rules = rules_lib.parse_rules(config.parallel.rules)
