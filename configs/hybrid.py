@@ -19,7 +19,7 @@ import pathlib
 
 import ml_collections
 
-from hybrid_jax.config import ConfigError, load_config_file
+from hybrid_jax.config import ConfigError, file_arguments, load_config_file
 
 _BASE = pathlib.Path(__file__).with_name('base.py')
 
@@ -102,14 +102,9 @@ _ARGS = ('arch', 'scale', 'budget', 'tokens', 'stage', 'init_from', 'rope_base')
 
 
 def _parse(arg):
-  fields = {'arch': 'swa128_nope', 'scale': 'tiny'}
-  for item in filter(None, (arg or '').split(',')):
-    key, sep, value = item.partition('=')
-    if not sep or key not in _ARGS:
-      raise ConfigError(f'configs/hybrid.py: bad argument {item!r}; expected arch=NAME,scale=NAME with optional '
-                        f'budget=M | tokens=T, stage=NAME, init_from=DIR, rope_base=B (arches: {", ".join(ARCHES)}; '
-                        f'scales: {", ".join(SCALES)}; stages: {", ".join(STAGES)})')
-    fields[key] = value
+  usage = (f'arch=NAME,scale=NAME with optional budget=M | tokens=T, stage=NAME, init_from=DIR, rope_base=B '
+           f'(arches: {", ".join(ARCHES)}; scales: {", ".join(SCALES)}; stages: {", ".join(STAGES)})')
+  fields = {'arch': 'swa128_nope', 'scale': 'tiny', **file_arguments(arg, _ARGS, 'configs/hybrid.py', usage)}
   if fields['arch'] not in ARCHES:
     raise ConfigError(f'model.arch={fields["arch"]!r} is unknown; allowed: {", ".join(ARCHES)}')
   if fields['scale'] not in SCALES:

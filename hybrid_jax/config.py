@@ -131,6 +131,18 @@ def call_file_function(module, name: str, arg, what: str):
     raise ConfigError(f'{what}: {name}({arg!r}) refused the argument: {e}') from None
 
 
+def file_arguments(arg, allowed, file: str, usage: str) -> dict:
+  """A config or sweep file's `KEY=VALUE,...` argument as {key: text}; an item that is not KEY=VALUE with a key in
+  `allowed` is a ConfigError naming the file and its `usage` (one parser for every file that takes arguments)."""
+  fields = {}
+  for item in filter(None, (arg or '').split(',')):
+    key, sep, value = item.partition('=')
+    if not sep or key not in allowed:
+      raise ConfigError(f'{file}: bad argument {item!r}; expected {usage}')
+    fields[key] = value
+  return fields
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Loads `path/to/file.py[:arg]` the way absl's config_flags does, calling `get_config(arg)`."""
   path, _, arg = spec.partition(':')
