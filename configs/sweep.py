@@ -1,4 +1,5 @@
-"""The study's sweeps as data: each sweep is a list of run config strings for `configs/hybrid.py`.
+"""The study's sweeps as data: each sweep is a list of run config strings for `configs/hybrid.py` (the mini-study's
+for `configs/mini.py`).
 
 `python -m hybrid_jax plan --sweep configs/sweep.py:main` prints their cost; each string is one `--config` of
 `python -m hybrid_jax train`. The run's name (and so its workdir) follows from the string.
@@ -9,7 +10,14 @@ Sweeps:
 - `variants`: the three design variants (SWA-128-NoPE, 1:3 ratio, head-wise mixing) on the `main` grid.
 - `extension`: the 32K context-extension stage of each S5 run (init_from its 16K run directory).
 - `study`: all of the above.
+- `mini`: the mini-study's runs, each arch of `python -m hybrid_jax study` at each seed, under the study's run
+  directory names, so `study --out` on the sweep's root only scores them; `mini,preset=NAME,seeds=N` picks the
+  preset (default mini) and the seed count (default the preset's, as `study --seeds`), e.g.
+  `--sweep configs/sweep.py:mini,seeds=3`.
 """
+
+from hybrid_jax import checks
+from hybrid_jax.config import file_arguments
 
 ARCHES = ('full', 'swa128', 'swa512', 'swa2048', 'lightning', 'mamba2', 'gdn')
 VARIANTS = ('swa128_nope', 'swa128_1to3', 'swa128_headwise')
@@ -18,6 +26,7 @@ BUDGETS = (100, 200, 300, 400, 500, 1000)  # Multiples of the non-embedding para
 S5_TOKENS = 100e9
 RUNS_ROOT = 'runs'  # Where `train --workdir` puts each run by default (runs/<config name>).
 CONFIG = 'configs/hybrid.py'
+MINI_CONFIG = 'configs/mini.py'
 
 
 def _grid(arches):
@@ -34,18 +43,35 @@ def _extension(arches):
           for a in arches]
 
 
+def _mini(preset='mini', seeds=None):
+  """The runs `study --preset PRESET --seeds N` trains, seed by seed (the study's tables: imported here, so the other
+  sweeps do not load the study and its training code)."""
+  from hybrid_jax.study import mini  # pylint: disable=g-import-not-at-top
+  if preset not in mini.PRESETS:
+    raise ValueError(f'preset={preset!r} is unknown; allowed: {", ".join(mini.PRESETS)}')
+  if seeds is not None:
+    seeds = checks.number(seeds, 'configs/sweep.py: seeds', integer=True, positive=True)
+  seeds = mini.PRESETS[preset].seeds if seeds is None else seeds
+  return [f'{MINI_CONFIG}:arch={arch},preset={preset},seed={seed}' for seed in range(seeds)
+          for arch, _ in mini.ARCHES.values()]
+
+
 SWEEPS = {
     'main': lambda: _grid(ARCHES),
     's5': lambda: _s5(ARCHES + ('swa128_nope',)),
     'variants': lambda: _grid(VARIANTS),
     'extension': lambda: _extension(ARCHES + ('swa128_nope',)),
+    'mini': _mini,
 }
 SWEEPS['study'] = lambda: [r for name in ('main', 'variants', 's5', 'extension') for r in SWEEPS[name]()]
+ARGUMENTS = {'mini': ('preset', 'seeds')}  # Sweeps that take `NAME,KEY=VALUE,...`: their keys.
 
 
 def runs(name: str | None = None) -> list[str]:
-  """The config strings of sweep `name` (default: the whole study)."""
-  name = name or 'study'
+  """The config strings of sweep `name` (default: the whole study), `NAME[,KEY=VALUE,...]`."""
+  name, _, arg = (name or 'study').partition(',')
   if name not in SWEEPS:
     raise ValueError(f'unknown sweep {name!r}: choose from {", ".join(SWEEPS)}')
-  return SWEEPS[name]()
+  keys = ARGUMENTS.get(name, ())
+  usage = ','.join([name, *(f'{k}=...' for k in keys)]) if keys else f'{name} (it takes no arguments)'
+  return SWEEPS[name](**file_arguments(arg, keys, 'configs/sweep.py', usage))

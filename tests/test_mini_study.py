@@ -5,8 +5,11 @@ import json
 
 import pytest
 
-from hybrid_jax.config import ConfigError
+from hybrid_jax.config import ConfigError, load_config_file
+from hybrid_jax.errors import UserError
 from hybrid_jax.study import mini
+from hybrid_jax.sweep import members as sweep_members
+from tests.conftest import ROOT
 
 
 def _check_report(out, preset, seeds=1):
@@ -71,6 +74,45 @@ def test_arches_are_chosen_by_label_or_arch_name():
   assert mini.select_arches('full, swa128_nope,SWA-128') == ['SWA-128', 'SWA-128-NoPE', 'Full']
   with pytest.raises(ConfigError, match="'swa64' is not one of"):
     mini.select_arches('full,swa64')
+
+
+def test_the_mini_config_file_and_sweep_hold_the_studys_runs(tmp_path):
+  for preset_name, preset in mini.PRESETS.items():
+    for label, (arch, _) in mini.ARCHES.items():
+      expected = mini.run_config(label, preset, 2).to_dict()
+      for name in (arch, label):  # An arch name or a study label.
+        config = load_config_file(f'{ROOT}/configs/mini.py:arch={name},preset={preset_name},seed=2')
+        assert config.to_dict() == expected and config.name == f'mini_{arch}_seed2'
+  smoke = mini.PRESETS['smoke']
+  members = sweep_members.load(f'{ROOT}/configs/sweep.py:mini,preset=smoke,seeds=2', tmp_path)
+  expected = [mini.run_config(label, smoke, seed) for seed in range(2) for label in mini.ARCHES]
+  assert [m.name for m in members] == [c.name for c in expected]
+  assert [m.workdir for m in members] == [tmp_path / c.name for c in expected]  # The study's run directories.
+  assert [m.config.to_dict() for m in members] == [c.to_dict() for c in expected]
+  assert members[0].tags[0] == 'sweep:mini,preset=smoke,seeds=2'
+  default = sweep_members.load(f'{ROOT}/configs/sweep.py:mini', tmp_path)
+  assert len(default) == len(mini.ARCHES) * mini.PRESETS['mini'].seeds
+  assert default[0].config.to_dict() == mini.run_config('SWA-128', mini.PRESETS['mini']).to_dict()
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('configs/mini.py:arch=swa64', "arch='swa64' is invalid: 'swa64' is not one of SWA-128"),
+    ('configs/mini.py:arch=full,preset=huge', "preset='huge' is unknown; allowed: mini"),
+    ('configs/mini.py:arch=full,seed=-1', "seed='-1' is invalid: must be an integer >= 0"),
+    ('configs/mini.py:arch=full,steps=5', "bad argument 'steps=5'"),
+    ('configs/mini.py', 'give arch=NAME'),
+    ('configs/sweep.py:mini,seeds=0', "seeds='0' is invalid: must be a positive integer"),
+    ('configs/sweep.py:mini,preset=huge', "preset='huge' is unknown"),
+    ('configs/sweep.py:mini,arch=full', "bad argument 'arch=full'; expected mini,preset=...,seeds=..."),
+    ('configs/sweep.py:main,seeds=2', 'expected main (it takes no arguments)'),
+])
+def test_bad_mini_config_and_sweep_arguments_are_one_line(spec, message):
+  with pytest.raises(UserError) as error:
+    if spec.startswith('configs/mini.py'):
+      load_config_file(f'{ROOT}/{spec}')
+    else:
+      sweep_members.load(f'{ROOT}/{spec}', '/nonexistent')
+  assert message in str(error.value) and '\n' not in str(error.value)
 
 
 def test_summary_over_seeds_hand_computed():

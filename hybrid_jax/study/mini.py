@@ -127,18 +127,21 @@ PRESETS = {
 }
 
 
+def label_of(name: str, what: str) -> str:
+  """The study label `name` stands for (a label or an arch name, any case), for --arches and configs/mini.py alike;
+  ConfigError naming `what` (the flag or argument and its whole value) otherwise."""
+  names = {label.lower(): label for label in ARCHES} | {arch: label for label, (arch, _) in ARCHES.items()}
+  if name.strip().lower() not in names:
+    raise ConfigError(f'{what} is invalid: {name.strip()!r} is not one of '
+                      f'{", ".join(ARCHES)} (or {", ".join(a for a, _ in ARCHES.values())})')
+  return names[name.strip().lower()]
+
+
 def select_arches(spec: str | None) -> list[str]:
   """Study labels named by `--arches` (labels or arch names, comma-separated, any case); all when None."""
   if spec is None:
     return list(ARCHES)
-  names = {label.lower(): label for label in ARCHES} | {arch: label for label, (arch, _) in ARCHES.items()}
-  chosen = []
-  for item in (x.strip() for x in spec.split(',')):
-    if item.lower() not in names:
-      raise ConfigError(f'--arches={spec!r} is invalid: {item!r} is not one of '
-                        f'{", ".join(ARCHES)} (or {", ".join(a for a, _ in ARCHES.values())})')
-    if names[item.lower()] not in chosen:
-      chosen.append(names[item.lower()])
+  chosen = {label_of(item, f'--arches={spec!r}') for item in spec.split(',')}
   return [label for label in ARCHES if label in chosen]  # The report's order.
 
 
