@@ -8,7 +8,7 @@ import pytest
 from hybrid_jax.config import ConfigError, load_config_file
 from hybrid_jax.errors import UserError
 from hybrid_jax.study import mini
-from hybrid_jax.sweep import members as sweep_members
+from hybrid_jax.sweep import cli as sweep_cli, members as sweep_members
 from tests.conftest import ROOT
 
 
@@ -74,6 +74,41 @@ def test_arches_are_chosen_by_label_or_arch_name():
   assert mini.select_arches('full, swa128_nope,SWA-128') == ['SWA-128', 'SWA-128-NoPE', 'Full']
   with pytest.raises(ConfigError, match="'swa64' is not one of"):
     mini.select_arches('full,swa64')
+
+
+def _numbers(out) -> dict:
+  """A study report without what timing or the output folder changes (training is deterministic per seed)."""
+  report = json.loads((out / 'report.json').read_text())
+  runs = {name: {**{k: v for k, v in r.items() if k not in ('wall_time_s', 'workdir')},
+                 'curves': {k: v for k, v in r['curves'].items() if k != 'probe_seconds'}}
+          for name, r in report['runs'].items()}
+  return {**{k: v for k, v in report.items() if k != 'wall_time_s'}, 'runs': runs}
+
+
+def test_parallel_study_trains_through_the_sweep_runner_to_the_same_numbers(tmp_path, capsys):
+  """--parallel 2 trains the runs in two `train` processes of the sweep runner (the sweep `mini`) and scores them
+  here: the report equals --parallel 1's, and the sweep reads the study's run directories as its own."""
+  serial, parallel = tmp_path / 'serial', tmp_path / 'parallel'
+  study = ['--preset', 'smoke', '--arches', 'full,swa128']
+  assert mini.main([*study, '--out', str(serial)]) == 0
+  assert mini.main([*study, '--out', str(parallel), '--parallel', '2']) == 0
+  printed = capsys.readouterr().out
+  assert printed.count('training 4 steps') == 2  # In this process: the serial study's runs only.
+  assert 'sweep mini,preset=smoke,seeds=1: 2/2 completed' in printed, printed
+  for name in ('mini_swa128_seed0', 'mini_full_seed0'):
+    assert json.loads((parallel / name / 'sweep.json').read_text())['state'] == 'completed'
+    assert 'configs/mini.py:arch=' in (parallel / name / 'sweep.log').read_text()
+  assert _numbers(parallel) == _numbers(serial)
+  # The sweep finds the runs the study trained in this process completed, the others pending; an override that
+  # changes a key defining the trained runs is refused for them.
+  sweep = [f'--sweep={ROOT}/configs/sweep.py:mini,preset=smoke', f'--root={serial}', '--dry-run']
+  assert sweep_cli.main(['run', *sweep]) == 0
+  decisions = [line for line in capsys.readouterr().out.splitlines() if line.startswith('# ')]
+  assert decisions == ['# mini_swa128_seed0: completed at step 4', '# mini_swa2048_seed0: starts',
+                       '# mini_swa128_nope_seed0: starts', '# mini_full_seed0: completed at step 4']
+  assert sweep_cli.main(['run', *sweep, '--config.model.d_ff=96']) == 0
+  refused = [line for line in capsys.readouterr().out.splitlines() if 'define the run: model.d_ff' in line]
+  assert [line.split(':')[0] for line in refused] == ['# mini_swa128_seed0', '# mini_full_seed0']
 
 
 def test_the_mini_config_file_and_sweep_hold_the_studys_runs(tmp_path):

@@ -14,7 +14,9 @@ Scaled down, windows keep their role rather than their size: at a 64-token conte
 full attention, so each preset maps the study's small and large windows onto its own context (the report states
 the mapping), and its distance ranges onto those windows. Every run directory is a normal run: rerunning the
 command resumes unfinished runs and reuses the scores of finished ones (`mini_result.json` in the run directory,
-kept only while the preset's settings are unchanged).
+kept only while the preset's settings are unchanged). The runs are also the sweep `mini` of configs/sweep.py (run
+directories of the same names), so `sweep run` can train them and the study then only scores them; `--parallel N`
+does this itself, N runs at a time.
 """
 
 import copy
@@ -32,6 +34,8 @@ from hybrid_jax.data import recall as recall_data
 from hybrid_jax.eval import recall as recall_eval
 from hybrid_jax.study import verdicts
 from hybrid_jax.study.verdicts import pm, spread
+from hybrid_jax.sweep import local as sweep_local, members as sweep_members, record as sweep_record
+from hybrid_jax.sweep import runner as sweep_runner
 from hybrid_jax.train import metrics as metrics_lib
 
 # Study label -> (arch in configs/hybrid.py, which window it uses: 'small' | 'large' | None).
@@ -41,6 +45,7 @@ BUCKETS = ('inside the small window', 'between the windows', 'beyond the large w
 BEYOND_CONTEXT = 'beyond the training context'
 EXTRAPOLATION_BUCKETS = BUCKETS + (BEYOND_CONTEXT,)
 RESULT_FILE = 'mini_result.json'
+SWEEP_FILE = BASE_CONFIG.parent / 'sweep.py'  # Its sweep `mini` holds the study's runs (configs/mini.py).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,10 +329,33 @@ def summarize(runs: dict, preset: Preset) -> dict:
   return out
 
 
+def train_in_parallel(preset_name: str, seeds: int, labels: list[str], out_dir: pathlib.Path, parallel: int,
+                      progress: bool = True) -> None:
+  """Trains the study's runs not yet finished, `parallel` at a time in processes of their own, through the sweep
+  runner's local backend (sweep `mini` of configs/sweep.py: run_config's configs in run_one's run directories): one
+  small model's training does not keep every core busy. run_one then only scores them."""
+  preset = PRESETS[preset_name]
+  arches = {ARCHES[label][0] for label in labels}
+  sweep = f'mini,preset={preset_name},seeds={seeds}'
+  members = [m for m in sweep_members.load(f'{SWEEP_FILE}:{sweep}', out_dir)
+             if m.config.model.arch in arches and _finished(m.workdir, preset.steps) is None]
+  if not members:
+    return
+  say = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
+  runner = sweep_runner.Runner(members, sweep_local.LocalBackend(parallel), sweep=sweep, say=say)
+  if runner.run() != 0:
+    rows = [sweep_record.describe(m.workdir, preset.steps) for m in members]
+    lines = [f"{r['run']}: {runner.results.get(r['run'], r['state'])}" + (f": {r['cause']}" if r['cause'] else '')
+             for r in rows if r['state'] != 'completed']
+    raise runs_lib.RunError(f'--parallel={parallel}: {len(lines)} of {len(members)} runs did not finish training '
+                            f'(the output of each is RUN/sweep.log under {out_dir}; rerun to resume):\n' +
+                            '\n'.join(lines))
+
+
 def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: list[str] | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, parallel: int = 1) -> dict:
   """Trains (or resumes), evaluates and reports the chosen arches (default: all four) of the preset for each seed;
-  returns the report."""
+  returns the report. With `parallel` > 1 the runs train in that many processes first (train_in_parallel)."""
   preset = PRESETS[preset_name]
   seeds = preset.seeds if seeds is None else seeds
   if seeds < 1:
@@ -337,6 +365,8 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   results, started = {}, time.perf_counter()
+  if parallel > 1:
+    train_in_parallel(preset_name, seeds, arches, out_dir, parallel, progress)
   for seed in range(seeds):
     for label in arches:
       tic = time.perf_counter()
@@ -426,9 +456,12 @@ def main(argv) -> int:
                       help="number of seeds (0, 1, ...) per arch (default: the preset's)")
   parser.add_argument('--arches', default=None,
                       help=f'comma-separated subset of {", ".join(ARCHES)} (or their arch names; default: all)')
+  parser.add_argument('--parallel', type=checks.POSITIVE_INT, default=1,
+                      help='runs trained at a time: above 1, the runs not yet trained train in that many processes '
+                      'through the sweep runner (sweep run --sweep configs/sweep.py:mini), then are scored here')
   args = parser.parse_args(argv)
   out = args.out or f'runs/study_{args.preset}'
-  report = run_study(args.preset, out, seeds=args.seeds, arches=select_arches(args.arches))
+  report = run_study(args.preset, out, seeds=args.seeds, arches=select_arches(args.arches), parallel=args.parallel)
   print('\n'.join(report['findings']))
   print(f'report: {out}/report.json, {out}/report.png')
   return 0
