@@ -52,7 +52,9 @@ def get_config(arg=None):
   m.dtype = 'bfloat16'  # Compute dtype of matmuls and activations; softmax statistics and losses stay float32.
   m.param_dtype = 'float32'  # Master weights.
   m.scan_layers = False  # Scan over repeats of the layer cycle: compile time flat in depth.
-  m.remat = 'none'  # Rematerialisation of each block: 'none' | 'full' | 'save_dots' (keep matmul outputs).
+  # Rematerialisation of each block: 'none' | 'full' | 'save_dots' (keep matmul outputs) | 'minimal' (keep the
+  # named matmul outputs the backward needs: q/k after RoPE, v, projections in, mixer out, MLP gate and up).
+  m.remat = 'none'
   m.attention_implementation = 'auto'  # 'auto' | 'xla' | 'reference' | 'cudnn' | 'pallas_gpu' | 'pallas_tpu'.
   # Recurrent mixers (cycle kinds 'lightning', 'mamba2', 'gdn'). Inner shapes are chosen per scale in
   # configs/hybrid.py so each mixer's parameter count is within 5% of the attention layer's (docs/MIXER_SHAPES.md);
@@ -117,6 +119,10 @@ def get_config(arg=None):
   rc.distance_weights = (1.0, 1.0, 1.0)
   # Text between the records, repeated from a random offset; no upper-case letters or digits (keys and values).
   rc.filler = 'the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. '
+  # If not '': each filler character is drawn at random from these instead (no upper-case letters). With digits
+  # here, a value looks like any other filler digit: only its key tells where the answer is, so neither its type
+  # ("the digits") nor its distance can stand in for the key match (the mini-study's task).
+  rc.filler_random = ''
   rc.text_fraction = 0.25  # Fraction of documents that are built-in text instead of recall.
   rc.documents = 1_000_000  # Training documents (held out: ceil(documents * eval_fraction), generated apart).
   rc.seed = 0  # Seeds the documents themselves (config.seed only orders them), so every run sees the same task.
@@ -184,6 +190,8 @@ def get_config(arg=None):
   p.data = -1  # Data-parallel ways (replicated params); -1 = the devices the other axes leave.
   p.fsdp = 1  # Fully-sharded data-parallel ways: params and optimizer state split over this axis too.
   p.tensor = 1  # Tensor-parallel ways: attention heads, MLP hidden units and vocabulary split.
+  # The Adam moments split over the 'data' axis too (ZeRO-1): less memory per chip, the same update.
+  p.shard_optimizer = False
   p.dcn_data = 1  # Multislice: data-parallel ways across slices (over the data-center network); -1 = the rest.
   p.dcn_fsdp = 1  # Multislice: FSDP ways across slices (rarely worth the slow network).
   p.dcn_tensor = 1  # Multislice: tensor ways across slices (keep 1: tensor parallelism needs fast links).

@@ -73,6 +73,26 @@ def test_the_answer_is_recoverable_only_from_its_stated_position():
       assert doc.text[q.answer_positions()[0]] == q.key[-1]
 
 
+def test_random_filler_hides_the_answer_among_digits():
+  """With filler_random digits, the records and queries are where the document says, every other position holds a
+  digit drawn uniformly from filler_random (so a value cannot be found by its type), and keys are still unique."""
+  config = recall_config(filler_random='0123456789')
+  source = recall.RecallSource(config.data, 'train')
+  filler = []
+  for doc in recall_documents(source, 300):
+    record_cells = set()
+    for q in doc.queries:
+      assert doc.text[q.pair:q.pair + 3] == q.value + q.key and doc.text[q.query:q.query + 3] == q.key + q.value
+      assert doc.text.count(q.key) == 2
+      record_cells |= set(range(q.pair, q.pair + 3)) | set(range(q.query, q.query + 3))
+    filler += [c for i, c in enumerate(doc.text) if i not in record_cells]
+  counts = np.bincount(np.frombuffer(''.join(filler).encode(), np.uint8) - ord('0'), minlength=10)
+  assert counts.sum() == len(filler) and len(counts) == 10  # Only digits between the records.
+  assert stats.chisquare(counts).pvalue > 1e-3, counts  # Uniform (p 0.001 at a fixed seed: deterministic).
+  assert recall.RecallSource(config.data, 'train')[5] == source[5]  # Still a pure function of the index.
+  assert source[5] != recall.RecallSource(recall_config().data, 'train')[5]
+
+
 def test_documents_are_deterministic_and_splits_differ():
   config = recall_config(text_fraction=0.5)
   a, b = recall.RecallSource(config.data, 'train'), recall.RecallSource(config.data, 'train')
@@ -117,6 +137,8 @@ def test_resume_mid_stream_gives_the_same_documents():
     ('key_chars', 27, 'key_chars'),
     ('filler', 'the Sky is blue', 'filler'),
     ('filler', '', 'filler'),
+    ('filler_random', 'abC', 'filler_random'),
+    ('filler_random', 'äö', 'filler_random'),
 ])
 def test_bad_settings_name_the_field(field, value, match):
   c = recall_config()

@@ -83,6 +83,7 @@ class Settings:
   documents: int
   seed: int
   filler: str
+  filler_random: str
 
   @property
   def record(self) -> int:
@@ -147,8 +148,11 @@ def settings(data_cfg) -> Settings:
       c.isupper() or c.isdigit() for c in filler):
     _fail('filler', filler, 'must be non-empty ASCII text without upper-case letters or digits (those are keys and '
           'values)')
+  filler_random = r.filler_random
+  if not isinstance(filler_random, str) or not filler_random.isascii() or any(c.isupper() for c in filler_random):
+    _fail('filler_random', filler_random, "must be '' or ASCII characters without upper-case letters (those are keys)")
   return Settings(length, pairs, klen, kchars, vlen, vchars, ranges, weights, float(fraction),
-                  _int(r, 'documents', 1), _int(r, 'seed', 0), filler)
+                  _int(r, 'documents', 1), _int(r, 'seed', 0), filler, filler_random)
 
 
 def ascii_fold(text: str) -> str:
@@ -218,8 +222,11 @@ class RecallSource:
                         f'in {s.length} characters in {_ATTEMPTS} attempts; use fewer pairs or shorter distances')
     keys = rng.choice(s.key_chars ** s.key_length, size=s.pairs, replace=False)
     values = rng.integers(0, s.value_chars, size=(s.pairs, s.value_length))
-    offset = int(rng.integers(len(s.filler)))
-    chars = [s.filler[(offset + i) % len(s.filler)] for i in range(s.length)]
+    if s.filler_random:
+      chars = [s.filler_random[i] for i in rng.integers(len(s.filler_random), size=s.length)]
+    else:
+      offset = int(rng.integers(len(s.filler)))
+      chars = [s.filler[(offset + i) % len(s.filler)] for i in range(s.length)]
     queries = []
     for (p, q), k, v in zip(placed, keys, values):
       query = Query(_key(int(k), s), ''.join(string.digits[x] for x in v), p, q)
