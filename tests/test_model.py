@@ -96,6 +96,42 @@ def test_scanned_stack_computes_the_unrolled_function(remat):
                              g_unrolled['tail'][3]['mlp']['down'], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize('arch', ['swa128', 'lightning', 'mamba2', 'gdn'])
+def test_minimal_remat_gives_the_loss_and_gradients_of_no_remat(arch):
+  """Remat 'minimal' (a scanned stack, float32) computes the same loss and gradients as no remat, for attention and
+  each recurrent mixer."""
+  cfg = small_config(arch, num_layers=4, scan_layers=True, dtype='float32').model
+  model_def, params = state_lib.init_model(cfg, 0)
+  minimal_cfg = cfg.copy_and_resolve_references()
+  minimal_cfg.remat = 'minimal'
+  minimal_def, _ = state_lib.init_model(minimal_cfg, 0)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 32)))
+
+  def loss(def_, p):
+    logits = def_.bind(p)(tokens).astype(jnp.float32)
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tokens[..., None], -1)[..., 0])
+
+  (l0, g0), (l1, g1) = (jax.jit(jax.value_and_grad(lambda p, d=d: loss(d, p)))(params)
+                        for d in (model_def, minimal_def))
+  assert float(l0) == pytest.approx(float(l1), rel=1e-6)
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_minimal_remat_keeps_the_named_projections_only():
+  """What the backward keeps under 'minimal': q/k after RoPE, v, the mixer's output, the MLP's gate and up, each
+  block's input; not the MLP's down projection, which only the block's output needs."""
+  from jax._src.ad_checkpoint import saved_residuals
+  cfg = small_config('swa128', num_layers=2, remat='minimal', dtype='float32').model
+  model_def, params = state_lib.init_model(cfg, 0)
+  saved = [what for _, what in saved_residuals(lambda p: jnp.sum(model_def.bind(p)(jnp.zeros((1, 16), jnp.int32))),
+                                               params)]
+  named = sorted(w.split("'")[1] for w in saved if w.startswith('named'))
+  assert named == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlpwi_0', 'mlpwi_1'] * 2)
+  assert not any('mlpwo' in w for w in saved)
+  assert any('attention.py' in w and "'query_proj'" in w for w in saved)  # Named after RoPE, in _qkv.
+
+
 def test_each_block_is_its_own_remat_unit():
   """The backward recomputes one block at a time: in a scanned cycle of [SWA, SWA, SWA, full] each block is its
   own checkpoint, so a long pattern holds one layer's recomputed activations at once, not the whole cycle's

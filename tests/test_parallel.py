@@ -173,6 +173,41 @@ def test_sharded_loss_matches_one_device_fast():
   _check_matrix({'swa128': [[2, 2, 2]]}, layers=2, scan=False, steps=2, loss_chunk=16)
 
 
+def test_sharded_optimizer_state_gives_the_replicated_update():
+  """parallel.shard_optimizer on 8 data-parallel chips: the Adam moments are split over 'data', and two steps
+  give the parameters and moments of the replicated optimizer state."""
+  code = '''
+    import jax, numpy as np
+    from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+    from hybrid_jax.train import optim, state as state_lib, step as step_lib
+    from tests.conftest import small_config
+    out = []
+    for shard in (False, True):
+      c = small_config('swa128', dtype='float32', num_layers=2)
+      c.train.batch_size = 8
+      md, tx = state_lib.make_model_def(c.model), optim.make_optimizer(c.train)
+      sh = mesh_lib.train_shardings(md, tx, mesh_lib.make_mesh(c.parallel), rules_lib.parse_rules(c.parallel.rules),
+                                    shard)
+      state = state_lib.init_sharded_train_state(c.model, c.seed, tx, sh.state)
+      step = step_lib.make_train_step(md, tx, c.train, sh)
+      rng = np.random.default_rng(0)
+      for _ in range(2):
+        toks = rng.integers(0, 256, (8, c.data.seq_len + 1)).astype(np.int32)
+        state, _ = step(state, {k: jax.device_put(v, sh.batch) for k, v in (('inputs', toks[:, :-1]),
+                                                                             ('targets', toks[:, 1:]))})
+      out.append(state)
+      specs = [str(s.sharding.spec) for s in jax.tree.leaves(state['opt_state']) if s.ndim >= 2]
+      print(shard, sum("'data'" in s for s in specs), len(specs))
+    for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(out[1])):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    print('same')
+  '''
+  lines = run_with_devices(8, code).split('\n')
+  replicated, sharded = (line.split() for line in lines[:2])
+  assert replicated[:2] == ['False', '0'] and sharded[0] == 'True' and int(sharded[1]) >= int(sharded[2]) // 2
+  assert lines[2] == 'same'
+
+
 def test_activations_are_constrained_in_sharded_steps_only():
   """The residual stream and logits carry sharding constraints when the step is sharded, none otherwise."""
   code = '''

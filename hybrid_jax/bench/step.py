@@ -96,7 +96,8 @@ def _step_setup(config):
   mesh = mesh_lib.make_mesh(config.parallel)
   model_def = state_lib.make_model_def(config.model)
   tx = optim.make_optimizer(config.train)
-  return model_def, tx, mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
+  return model_def, tx, mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules),
+                                                bool(config.parallel.shard_optimizer))
 
 
 def xla_flops(cost: dict):

@@ -8,6 +8,14 @@ compute dtype at use, so the optimizer always sees float32 masters.
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+# Names of the tensors that remat policy 'minimal' keeps (hybrid_jax.models.model): the weight matmuls' outputs
+# that the backward needs, named where they are made. Naming is free outside jax.checkpoint.
+QUERY, KEY, VALUE = 'query_proj', 'key_proj', 'value_proj'  # Attention, after RoPE.
+MIXER_OUT = 'out_proj'  # Every mixer's output projection.
+MIXER_IN = 'mixer_proj'  # The recurrent mixers' input projections (q/k/v, gates, decay, B/C, dt).
+MLP_GATE, MLP_UP, MLP_DOWN = 'mlpwi_0', 'mlpwi_1', 'mlpwo'
 
 
 def dtype_of(name: str):
@@ -52,9 +60,9 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x):
     x = x.astype(self.dtype)
-    gate = x @ self.gate[...].astype(self.dtype)
-    up = x @ self.up[...].astype(self.dtype)
-    return (jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype)
+    gate = checkpoint_name(x @ self.gate[...].astype(self.dtype), MLP_GATE)
+    up = checkpoint_name(x @ self.up[...].astype(self.dtype), MLP_UP)
+    return checkpoint_name((jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype), MLP_DOWN)
 
 
 def rope(x, positions, *, base: float):

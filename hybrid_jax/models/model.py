@@ -15,14 +15,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.models import pattern
+from hybrid_jax.models import layers, pattern
 from hybrid_jax.models.layers import RMSNorm, SwiGLU, dtype_of, init_stds, param
 from hybrid_jax.models.mixers import make_mixer
 from hybrid_jax.parallel import activations
 
+# 'minimal' keeps the tensors named in models/layers.py, as MaxText's policy of that name does: q and k after RoPE
+# (so the backward does not redo RoPE in float32), v, every mixer's input and output projections, the MLP's gate
+# and up. Unlike 'save_dots' it drops q/k before RoPE and the MLP's down projection, which the backward never needs
+# (the next block's input is kept by the layer scan).
+MINIMAL_SAVED = (layers.QUERY, layers.KEY, layers.VALUE, layers.MIXER_IN, layers.MIXER_OUT, layers.MLP_GATE,
+                 layers.MLP_UP)
 _REMAT_POLICIES = {
     'full': jax.checkpoint_policies.nothing_saveable,
     'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'minimal': jax.checkpoint_policies.save_only_these_names(*MINIMAL_SAVED),
 }
 
 

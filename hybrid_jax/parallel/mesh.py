@@ -134,8 +134,9 @@ def param_shardings(model_def, mesh: Mesh, rules: dict):
   return jax.tree_util.tree_map_with_path(lambda path, _: by_name[_path_name(path)], pure)
 
 
-def _opt_state_shardings(abstract_opt_state, abstract_params, p_shardings, replicated):
-  """Optimizer leaves that mirror a parameter (Adam moments) take its sharding; the rest are replicated."""
+def _opt_state_shardings(abstract_opt_state, abstract_params, p_shardings, replicated, over_data: bool):
+  """Optimizer leaves that mirror a parameter (Adam moments) take its sharding, also split over the 'data' axis
+  when `over_data`; the rest are replicated."""
   params = {tuple(_path_name([k]) for k in path): (leaf.shape, s) for (path, leaf), s in zip(
       jax.tree.leaves_with_path(abstract_params), jax.tree.leaves(p_shardings))}
 
@@ -144,19 +145,38 @@ def _opt_state_shardings(abstract_opt_state, abstract_params, p_shardings, repli
     for start in range(len(keys)):
       match = params.get(keys[start:])
       if match is not None and match[0] == leaf.shape:
-        return match[1]
+        return _split_over_data(match[1], leaf.shape) if over_data else match[1]
     return replicated
 
   return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
 
 
-def train_shardings(model_def, tx, mesh: Mesh, rules: dict) -> TrainShardings:
+def _split_over_data(sharding: NamedSharding, shape) -> NamedSharding:
+  """`sharding` with its largest dimension that the 'data' axis divides (after its own split) also split over
+  'data' (ZeRO-1: each data-parallel chip keeps and updates a part of the optimizer state); unchanged when the
+  axis has one device, is already used, or divides no dimension."""
+  mesh, ways = sharding.mesh, sharding.mesh.shape['data']
+  spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+  axes = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+  if ways == 1 or any('data' in a for a in axes):
+    return sharding
+  fits = [d for d, n in enumerate(shape) if n % (ways * math.prod(mesh.shape[a] for a in axes[d])) == 0]
+  if not fits:
+    return sharding
+  d = max(fits, key=lambda i: shape[i])
+  axes[d] = ('data',) + axes[d]
+  return NamedSharding(mesh, P(*(None if not a else a[0] if len(a) == 1 else a for a in axes)))
+
+
+def train_shardings(model_def, tx, mesh: Mesh, rules: dict, shard_optimizer: bool = False) -> TrainShardings:
+  """The train state's, batch's and replicated shardings; `shard_optimizer` (config.parallel.shard_optimizer)
+  splits the Adam moments over the data-parallel chips too."""
   p_shardings = param_shardings(model_def, mesh, rules)
   replicated = NamedSharding(mesh, P())
   abstract_params = nnx.to_pure_dict(model_def.abstract_state)
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
   state = {'step': replicated, 'params': p_shardings,
-           'opt_state': _opt_state_shardings(abstract_opt, abstract_params, p_shardings, replicated)}
+           'opt_state': _opt_state_shardings(abstract_opt, abstract_params, p_shardings, replicated, shard_optimizer)}
   batch_axes = tuple(a for a in rules.get('batch', ()) if mesh.shape[a] > 1)
   batch = NamedSharding(mesh, P(batch_axes or None))
   return TrainShardings(mesh, state, batch, replicated, rules)

@@ -162,7 +162,8 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   mesh = mesh_lib.make_mesh(config.parallel)
   model_def = state_lib.make_model_def(config.model)
   tx = optim.make_optimizer(t)
-  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules))
+  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules),
+                                       bool(config.parallel.shard_optimizer))
   data_iter = iter(make_train_dataset(config, process_index=jax.process_index(), process_count=jax.process_count()))
   ckpt = checkpoint.Checkpointer(workdir / 'checkpoints', keep=t.keep_checkpoints, async_save=t.async_checkpointing)
   abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),

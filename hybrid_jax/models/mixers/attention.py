@@ -16,7 +16,8 @@ from flax import nnx
 from hybrid_jax import kernels
 from hybrid_jax.kernels.attention import xla as xla_attention
 from hybrid_jax.models import cache as cache_lib
-from hybrid_jax.models.layers import dtype_of, init_stds, param, rope
+from hybrid_jax.models import layers
+from hybrid_jax.models.layers import checkpoint_name, dtype_of, init_stds, param, rope
 from hybrid_jax.parallel import activations
 
 
@@ -50,10 +51,11 @@ class Attention(nnx.Module):
     if self.spec.rope:
       q = rope(q, positions, base=self.rope_base)
       k = rope(k, positions, base=self.rope_base)
-    return q, k, v
+    return (checkpoint_name(q, layers.QUERY), checkpoint_name(k, layers.KEY), checkpoint_name(v, layers.VALUE))
 
   def _out(self, o):
-    return jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype))
+    return checkpoint_name(jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype)),
+                           layers.MIXER_OUT)
 
   def __call__(self, x, positions):
     q, k, v = self._qkv(x, positions)

@@ -50,19 +50,21 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     x = x.astype(dt)
     new_state = {}
 
+    named = recurrent.named_in
+
     def project(name, w, conv):
-      y, new_state[name] = recurrent.causal_conv_silu(jnp.einsum('btd,dhk->bthk', x, w[...].astype(dt)), conv[...],
-                                                      dt, None if state is None else state[name])
+      y, new_state[name] = recurrent.causal_conv_silu(named(jnp.einsum('btd,dhk->bthk', x, w[...].astype(dt))),
+                                                      conv[...], dt, None if state is None else state[name])
       return y
 
     q = recurrent.l2_normalize(project('conv_q', self.wq, self.conv_q))
     k = recurrent.l2_normalize(project('conv_k', self.wk, self.conv_k))
     v = project('conv_v', self.wv, self.conv_v)
-    beta = jax.nn.sigmoid((x @ self.w_beta[...].astype(dt)).astype(jnp.float32))
-    a = (x @ self.w_a[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+    beta = jax.nn.sigmoid(named(x @ self.w_beta[...].astype(dt)).astype(jnp.float32))
+    a = named(x @ self.w_a[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
     log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
     o, new_state['scan'] = recurrent.scan(q, k, v, log_decay, beta, state=None if state is None else state['scan'],
                                           chunk_size=self.chunk_size, implementation=self.implementation)
-    gate = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wg[...].astype(dt)).astype(jnp.float32))
+    gate = jax.nn.silu(named(jnp.einsum('btd,dhk->bthk', x, self.wg[...].astype(dt))).astype(jnp.float32))
     o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
-    return jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt)), new_state
+    return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), new_state

@@ -69,12 +69,11 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
   def _forward(self, x, state):
     dt = self.dtype
     x = x.astype(dt)
-    q = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wq[...].astype(dt)))
-    k = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wk[...].astype(dt)))
-    v = jax.nn.silu(jnp.einsum('btd,dhk->bthk', x, self.wv[...].astype(dt)))
+    proj = lambda w: recurrent.named_in(jnp.einsum('btd,dhk->bthk', x, w[...].astype(dt)))
+    q, k, v = jax.nn.silu(proj(self.wq)), jax.nn.silu(proj(self.wk)), jax.nn.silu(proj(self.wv))
     log_decay = jnp.asarray(self.log_decay, jnp.float32)
     o, scan_state = recurrent.scan(q, k, v, log_decay, state=None if state is None else state['scan'],
                                    chunk_size=self.chunk_size, implementation=self.implementation)
-    gate = jax.nn.sigmoid(jnp.einsum('btd,dhk->bthk', x, self.wg[...].astype(dt)).astype(jnp.float32))
+    gate = jax.nn.sigmoid(proj(self.wg).astype(jnp.float32))
     o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
-    return jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt)), {'scan': scan_state}
+    return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), {'scan': scan_state}

@@ -50,15 +50,16 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     b, t, _ = x.shape
     h, p = self.in_x.shape[-2:]
     n = self.in_b.shape[-1]
-    z = jnp.einsum('btd,dhp->bthp', x, self.in_z[...].astype(dt))
-    xbc = jnp.concatenate([jnp.einsum('btd,dhp->bthp', x, self.in_x[...].astype(dt)).reshape(b, t, h * p),
-                           x @ self.in_b[...].astype(dt), x @ self.in_c[...].astype(dt)], axis=-1)
+    named = recurrent.named_in
+    z = named(jnp.einsum('btd,dhp->bthp', x, self.in_z[...].astype(dt)))
+    xbc = jnp.concatenate([named(jnp.einsum('btd,dhp->bthp', x, self.in_x[...].astype(dt))).reshape(b, t, h * p),
+                           named(x @ self.in_b[...].astype(dt)), named(x @ self.in_c[...].astype(dt))], axis=-1)
     weight = jnp.concatenate([self.conv_x[...].reshape(-1, h * p), self.conv_b[...], self.conv_c[...]], axis=-1)
     xbc, conv_state = recurrent.causal_conv_silu(xbc, weight, dt, None if state is None else state['conv'])
     xs = xbc[..., :h * p].reshape(b, t, h, p)
     bs = xbc[:, :, None, h * p:h * p + n]  # One B/C group: a single key head shared by all value heads.
     cs = xbc[:, :, None, h * p + n:]
-    delta = jax.nn.softplus((x @ self.in_dt[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...])  # [B,T,H]
+    delta = jax.nn.softplus(named(x @ self.in_dt[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...])  # [B,T,H]
     log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * delta
     v = (xs.astype(jnp.float32) * delta[..., None]).astype(dt)
     y, scan_state = recurrent.scan(cs, bs, v, log_decay, scale=1.0, state=None if state is None else state['scan'],
@@ -67,4 +68,5 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     y = y * jax.nn.silu(z.astype(jnp.float32))  # Gate before the norm (Mamba-2's RMSNormGated).
     y = y.reshape(b, t, h * p)
     y = recurrent.rms_norm(y, self.norm[...].reshape(h * p), self.eps).reshape(b, t, h, p).astype(dt)
-    return jnp.einsum('bthp,hpd->btd', y, self.out[...].astype(dt)), {'conv': conv_state, 'scan': scan_state}
+    out = recurrent.named_out(jnp.einsum('bthp,hpd->btd', y, self.out[...].astype(dt)))
+    return out, {'conv': conv_state, 'scan': scan_state}

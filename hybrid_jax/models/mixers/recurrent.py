@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax import kernels
-from hybrid_jax.models.layers import dtype_of
+from hybrid_jax.models import layers
+from hybrid_jax.models.layers import checkpoint_name, dtype_of
 from hybrid_jax.parallel import activations
 
 
@@ -19,6 +20,16 @@ def implementation(cfg):
   """The kernels' `implementation` argument from model.recurrent_implementation ('auto' -> None)."""
   impl = cfg.recurrent_implementation
   return None if impl == 'auto' else impl
+
+
+def named_in(y):
+  """An input projection's output, named so that remat policy 'minimal' keeps it."""
+  return checkpoint_name(y, layers.MIXER_IN)
+
+
+def named_out(y):
+  """The output projection's output, named so that remat policy 'minimal' keeps it."""
+  return checkpoint_name(y, layers.MIXER_OUT)
 
 
 def rms_norm(x, scale, eps):
