@@ -152,8 +152,8 @@ def _add_compile_check_flags(parser):
                       type=checks.OUT_FILE,
                       help='also write every row (and the fixes tried) to this file')
   parser.add_argument('--find_fit', dest='find_fit', action='store_true', default=True,
-                      help='when a step does not fit, compile the changes that trade speed for memory and report '
-                      'the first that fits')
+                      help='when a step does not fit, compile the changes that save memory and recommend the one '
+                      'that fits with the lowest estimated step time (the others are listed)')
   parser.add_argument('--nofind_fit', dest='find_fit', action='store_false', help='do not search for a fit')
 
 

@@ -32,6 +32,8 @@ REVISIONS = {
     1: 'a whole layer cycle was one remat unit, so a hybrid\'s peak grew with its cycle length (swa128_1to3 at S1 on '
        'v5p: 48.9 GB, 38.3 GB at revision 2)',
     2: 'each block is its own remat unit',
+    3: 'the estimate counts recomputed FLOPs, accumulation and collectives; the fix is the fastest that fits among '
+       'optimizer-state sharding, remat minimal, FSDP, accumulation and full remat',
 }
 REVISION = max(REVISIONS)
 
@@ -88,12 +90,12 @@ def _write(out, rows, grid):
             '`python -m hybrid_jax compile-check --config=configs/hybrid.py:arch=A,scale=S --topology=T`, the '
             "study's train step\n(64 x 16,384 tokens, or 64 x 32,768 for the extension stage) compiled for the "
             'topology through the Pallas TPU kernels.\n`fits`: compiled peak per chip within the HBM below; '
-            '`fix`: a change compile-check verified to fit.\n**est. step s** is a roofline estimate, '
-            'max(model FLOPs / peak, XLA bytes accessed / HBM bandwidth) per chip, a lower\nbound that ignores '
-            'communication and kernel efficiency; not a measurement. XLA\'s FLOP and byte counts take each loop body\n'
-            "once (the scan over layer cycles) and see nothing inside the Pallas kernels, so they are far below the "
-            "step's;\nthe estimate uses the model's FLOPs, and its bytes term is a lower bound. A step the compiler "
-            'refuses shows `-`\nfor its peak. '
+            '`fix`: of the changes compile-check compiled that fit, the one with the lowest estimate (bold), then the\n'
+            'others it tried. **est. step s** is a roofline estimate per chip, max(compute, memory) + collectives '
+            '(BUILD.md):\nthe model\'s FLOPs plus what remat and the chunked loss recompute, XLA\'s bytes accessed '
+            'times the accumulation\nsteps, the gradient reduction and FSDP gathers over ICI; not a measurement. XLA\'s '
+            'counts take each loop body once\n(the scan over layer cycles) and see nothing inside the Pallas kernels, '
+            'so the memory term is a lower bound. A step\nthe compiler refuses shows `-` for its peak. '
             f'This page holds {len(rows)} of the {grid} rows of the whole grid (every arch x S1-S5 '
             'at 16K and S5 at 32K, x v5p/v6e);\n`python scripts/tpu_fit_table.py` adds the rest, resuming from '
             'docs/TPU_FIT.json.\n\n')
@@ -130,7 +132,8 @@ def _verdict(row):
   overrides = (row.get('fix') or {}).get('overrides')
   if not overrides:
     return 'no fit found'
-  return ', '.join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in overrides.items())
+  from hybrid_jax.compile_check import fit as compile_check
+  return compile_check.short(overrides)
 
 
 def glance(rows) -> str:

@@ -10,8 +10,10 @@ import pytest
 
 from hybrid_jax import cli
 from hybrid_jax.config import validate
-from hybrid_jax.compile_check import fit as compile_check
+from hybrid_jax.compile_check import estimate as estimate_lib, fit as compile_check
+from hybrid_jax.models import flops
 from hybrid_jax.parallel import chips, mesh as mesh_lib
+from hybrid_jax.train import state as state_lib
 from tests.conftest import ROOT, study_config
 
 
@@ -28,6 +30,9 @@ CPU = compile_check.Target('cpu x 1', tuple(jax.devices('cpu')[:1]))
 
 
 def test_a_step_over_the_limit_is_fixed_by_a_change_that_is_compiled_and_fits():
+  """On CPU (no chip table, so no estimates) the recommendation is the first candidate, in the order of least
+  change, that was compiled and fits; every candidate before it was compiled and did not fit, or saves less memory
+  than one that did not."""
   config = tiny()
   whole = compile_check.compile_step(config, CPU)['per_device_bytes']['peak']
   one_row = tiny()
@@ -37,27 +42,26 @@ def test_a_step_over_the_limit_is_fixed_by_a_change_that_is_compiled_and_fits():
   limit = (smallest + whole) / 2
   row = compile_check.check(config, CPU, memory_limit=limit)
   assert row['fits'] is False and row['per_device_bytes']['peak'] == whole
-  fix = row['fix']
-  assert list(fix['overrides']) == ['train.grad_accum'] and fix['per_device_bytes']['peak'] <= limit
-  accum = fix['overrides']['train.grad_accum']
-  assert fix['change'] == f'train.grad_accum={accum} (micro-batch {8 // accum} per chip)'
-  # The fewest accumulation steps that fit: the next smaller count was compiled and did not fit.
-  tried = {t['overrides']['train.grad_accum']: t for t in fix['tried']
-           if list(t['overrides']) == ['train.grad_accum']}
-  assert tried[accum]['fits']
-  if accum > 2:
-    assert tried[accum // 2]['fits'] is False
+  fix, tried = row['fix'], row['fix']['tried']
+  assert fix['per_device_bytes']['peak'] <= limit
+  chosen = next(i for i, t in enumerate(tried) if t['overrides'] == fix['overrides'])
+  assert tried[chosen]['fits'] and tried[chosen]['peak_bytes'] <= limit
+  assert all(t['fits'] is False or 'saves less' in t.get('skipped', '') for t in tried[:chosen])
+  accum = fix['overrides'].get('train.grad_accum')
+  if accum:
+    assert f'train.grad_accum={accum} (micro-batch {8 // accum} per chip)' in fix['change']
 
 
 def test_nothing_fits_a_limit_below_the_parameters():
   row = compile_check.check(tiny(), CPU, memory_limit=1000)
   assert row['fits'] is False and 'change' not in row['fix'] and row['fix']['tried']
-  assert all(t['fits'] is False for t in row['fix']['tried'])
+  assert all(t['fits'] is False or 'skipped' in t for t in row['fix']['tried'])
 
 
 def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
   """The fix search and the advice without compiling: a stand-in compiler lets a step fit from 4 accumulation
-  steps up, so the least change is grad_accum=4, and the printed flags load into a config that has it."""
+  steps up, so the least change is remat 'minimal' with grad_accum=4 (the cheap changes come with accumulation),
+  and the printed flags load into a config that has it."""
   def compile_step(config, target, memory_limit=None):
     accum = int(config.train.grad_accum)
     return {'arch': config.model.arch, 'scale': config.model.scale, 'seq_len': config.data.seq_len, 'target': target.name,
@@ -68,9 +72,85 @@ def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
           '--config.train.batch_size=8', '--config.data.seq_len=64']
   assert cli._run_config_command('compile-check', argv) == 3
   advice = capsys.readouterr().err.split('; fits with ')[1].strip()
-  assert advice == 'train.grad_accum=4 (micro-batch 2 per chip): add --config.train.grad_accum=4'
+  assert advice == ('model.remat=minimal, train.grad_accum=4 (micro-batch 2 per chip): add --config.model.remat=minimal '
+                    '--config.train.grad_accum=4')
   fixed = cli.load_config(argv[0].split('=', 1)[1], argv[2:] + advice.split(': add ')[1].split())
-  assert fixed.train.grad_accum == 4 and compile_step(fixed, CPU)['fits']
+  assert fixed.train.grad_accum == 4 and fixed.model.remat == 'minimal' and compile_step(fixed, CPU)['fits']
+
+
+def _full_attention(remat, loss_chunk=0):
+  """Two full-attention blocks small enough to count by hand: d 64, 4 query and 2 KV heads of 16, MLP 128,
+  vocabulary 256, 8 sequences of 128 tokens on one chip."""
+  c = study_config('full')
+  c.model.update(dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, d_ff=128, vocab_size=256,
+                      remat=remat))
+  c.data.seq_len = 128
+  c.train.update(dict(batch_size=8, warmup_steps=1, steps=4, loss_chunk=loss_chunk))
+  return validate(c)
+
+
+STAND_IN = chips.Chip('stand-in', 1.0, 1e12, 1e15, 'test', 1e9)  # 1 TFLOP/s; memory traffic cheap; 1 GB/s ICI.
+
+
+def _estimate(config, xla_bytes=0.0, param_bytes=0, mesh=None):
+  return estimate_lib.step_estimate(config, STAND_IN, chips=1, mesh_shape=mesh or {'data': 1, 'fsdp': 1, 'tensor': 1},
+                                    param_bytes=param_bytes, xla_bytes=xla_bytes)
+
+
+def test_the_estimate_of_full_remat_exceeds_no_recompute_by_the_recomputed_flops():
+  """Per sequence of 128 tokens and per block, counted by hand: projections 2 x 128 x (2 x 64 x 64 + 2 x 64 x 32)
+  = 3,145,728; attention 4 x 64 x 128 x 129 / 2 = 2,113,536; MLP 2 x 128 x 3 x 64 x 128 = 6,291,456. Full remat
+  runs both blocks' forward again: 2 x 11,550,720 x 8 sequences = 184,811,520 FLOPs, at 1 TFLOP/s."""
+  none, full = _estimate(_full_attention('none')), _estimate(_full_attention('full'))
+  assert none['recomputed_flops_per_chip'] == 0 and full['recomputed_flops_per_chip'] == 184_811_520
+  assert full['step_s'] - none['step_s'] == pytest.approx(184_811_520 / 1e12)
+  assert full['model_flops_per_chip'] == none['model_flops_per_chip']  # Model FLOPs (MFU's) do not change.
+  # save_dots and minimal keep the projections' outputs: only the attention kernels run again (2 x 2,113,536 x 8).
+  for policy in ('save_dots', 'minimal'):
+    assert _estimate(_full_attention(policy))['recomputed_flops_per_chip'] == 33_816_576
+  # A chunked loss recomputes each chunk's logits: the LM head, 2 x 128 x 64 x 256 x 8 = 33,554,432.
+  assert _estimate(_full_attention('none', loss_chunk=64))['recomputed_flops_per_chip'] == 33_554_432
+
+
+def test_collectives_and_accumulation_are_priced():
+  """Ring collectives of 1,000 parameter bytes: an all-reduce over 4 data-parallel chips sends 2 x 3/4 of them;
+  FSDP over 4 chips reduce-scatters once (3/4) and gathers for every micro-batch's forward and backward
+  (2 x 2 x 3/4 with 2 accumulation steps). Each byte sent is also received, through the bidirectional link."""
+  config = _full_attention('none')
+  dp = _estimate(config, param_bytes=1000, mesh={'data': 4, 'fsdp': 1, 'tensor': 1})
+  assert dp['collective_bytes_per_chip'] == {'gradient_reduction': 1500, 'fsdp_gathers': 0}
+  assert dp['collective_s'] == pytest.approx(2 * 1500 / 1e9)
+  config.train.grad_accum = 2
+  fsdp = _estimate(config, param_bytes=1000, mesh={'data': 1, 'fsdp': 4, 'tensor': 1})
+  assert fsdp['collective_bytes_per_chip'] == {'gradient_reduction': 750, 'fsdp_gathers': 3000}
+  # XLA counts the accumulation loop's body once: its bytes count once per micro-batch.
+  assert _estimate(config, xla_bytes=3e15)['memory_s'] == pytest.approx(2 * 3e15 / 1e15)
+
+
+class _StandInTarget(compile_check.Target):
+  @property
+  def chip(self):
+    return STAND_IN
+
+
+def test_the_recommendation_is_the_fastest_fix_that_fits_not_the_first(monkeypatch):
+  """Stand-in compiles: remat 'minimal' fits but is slow (2 s), accumulation fits at 1 s, full remat fits at 4 s.
+  'minimal' comes first in the order of least change; the recommendation is accumulation, and the table shows the
+  others with their estimates."""
+  def compile_step(config, target, memory_limit=None):
+    remat, accum = config.model.remat, int(config.train.grad_accum)
+    step_s = 1.0 + (remat == 'minimal') + 3.0 * (remat == 'full')
+    return {'fits': remat != 'none' or accum >= 2, 'per_device_bytes': {'peak': 10**9},
+            'estimate': {'step_s': step_s}}
+  monkeypatch.setattr(compile_check, 'compile_step', compile_step)
+  config = tiny()
+  assert config.model.remat == 'none'
+  fix = compile_check.recommend(config, _StandInTarget('stand-in', CPU.devices))
+  first = next(t for t in fix['tried'] if t.get('fits'))
+  assert first['overrides'] == {'model.remat': 'minimal'} and first['estimate']['step_s'] == 2.0
+  assert fix['overrides'] == {'train.grad_accum': 2} and fix['estimate']['step_s'] == 1.0
+  cell = compile_check.fix_cell(fix)
+  assert cell.startswith('**grad_accum=2** (others: remat=minimal: fits 1.0 GB, 2.000 s;')
 
 
 @pytest.fixture(scope='module')
@@ -86,15 +166,26 @@ def tpu():
 def test_tpu_row_fits_and_its_estimate_is_the_roofline(tpu):
   config = tiny()
   config.parallel.fsdp = 2
+  config.model.remat = 'save_dots'
   row = compile_check.check(config, tpu)
   spec = chips.chip('TPU v5 lite')
   assert row['device_kind'] == 'TPU v5 lite' and row['hbm_bytes'] == spec.hbm_bytes and row['fits'] is True
   assert row['mesh'] == {'data': 2, 'fsdp': 2, 'tensor': 1} and row['per_chip_batch'] == 2
-  compute = row['model_flops_per_chip'] / (spec.peak_bf16_tflops * 1e12)
+  est = row['estimate']
+  # save_dots recomputes the attention kernels' forward: 4 x 4 heads x 64 x the visible pairs, per block and sequence.
+  pairs = {'swa': flops.visible_pairs(128, 32), 'full': flops.visible_pairs(128, None)}
+  recomputed = sum(4 * 4 * 64 * pairs[kind] for kind in ('swa', 'full')) * 8 / 4
+  assert est['recomputed_flops_per_chip'] == recomputed
+  compute = (row['model_flops_per_chip'] + recomputed) / (spec.peak_bf16_tflops * 1e12)
   memory = row['xla_bytes_accessed_per_chip'] / spec.hbm_bytes_per_s
-  assert row['estimate']['step_s'] == pytest.approx(max(compute, memory))
-  assert row['estimate']['bound'] == ('compute' if compute >= memory else 'memory')
-  assert row['estimate']['tokens_per_s'] == pytest.approx(8 * 128 / max(compute, memory))
+  params = sum(x.size * 4 for x in jax.tree.leaves(jax.eval_shape(lambda: state_lib.init_params(config.model, 0))))
+  # Gradients all-reduced over 2 data-parallel chips (2 x 1/2 of them) after a reduce-scatter over 2 FSDP chips
+  # (1/2), and gathered for the forward and the backward (2 x 1/2); sent and received at v5e's 400 GB/s.
+  sent = params / 2 + params / 2 + 2 * params / 2
+  assert est['collective_s'] == pytest.approx(2 * sent / 400e9)
+  assert est['step_s'] == pytest.approx(max(compute, memory) + 2 * sent / 400e9)
+  assert est['bound'] == ('compute' if compute >= memory else 'memory')
+  assert est['tokens_per_s'] == pytest.approx(8 * 128 / est['step_s'])
 
 
 def test_multislice_compiles_with_data_parallelism_across_slices(tmp_path):

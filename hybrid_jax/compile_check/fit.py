@@ -1,15 +1,14 @@
-"""Does a run fit its target, and how fast could it go? The train step compiled for a mesh from shapes alone.
+"""Does a run fit its target, and which change that makes it fit is fastest? The train step compiled from shapes.
 
-`python -m hybrid_jax compile-check` compiles the sharded train step (kernels chosen for the target's platform) for
-fake CPU devices or for a TPU topology described by libtpu (no TPU needed) and reports per chip: compiled memory
-against the chip's HBM, XLA's FLOPs and bytes accessed, and a roofline estimate of the step time,
-max(model FLOPs / peak FLOP/s, bytes accessed / HBM bandwidth): a lower bound that ignores communication and
-kernel efficiency, labelled an estimate everywhere it appears. XLA's cost analysis counts a loop body once, not
-times its trip count (the scan over layer cycles, gradient accumulation), and sees nothing inside Pallas kernels,
-so its FLOPs and bytes are far below the step's (the estimate therefore uses the model's FLOP count, and the
-bytes term is a lower bound too). A configuration that does not fit is retried with
-the changes that trade speed for memory (full remat, gradient accumulation, FSDP over every chip), each one
-compiled, and the first that fits is reported.
+`compile_step` compiles the sharded train step (kernels chosen for the target's platform) for fake CPU devices or
+for a TPU topology described by libtpu (no TPU needed) and reports per chip: compiled memory against the chip's HBM,
+XLA's FLOPs and bytes accessed, and `estimate.step_estimate`, a roofline of the step time that counts recomputed
+FLOPs, accumulation and the mesh's collectives (labelled an estimate everywhere it appears). XLA's cost analysis
+counts a loop body once, not times its trip count, and sees nothing inside Pallas kernels, so its FLOPs are far
+below the step's (the estimate uses the model's) and its bytes are a lower bound. A configuration that does not fit
+gets `recommend`: the changes that trade speed or memory (optimizer-state sharding, remat 'minimal', gradient
+accumulation, full remat, FSDP over every chip), each compiled, and of those that fit the one with the lowest
+estimate.
 """
 
 import dataclasses
@@ -18,7 +17,7 @@ import time
 
 import jax
 
-from hybrid_jax.models import flops as flops_lib
+from hybrid_jax.compile_check import estimate as estimate_lib
 from hybrid_jax.parallel import chips, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import optim, state as state_lib, step as step_lib
 
@@ -50,28 +49,54 @@ def _with_slices(config, target: Target):
   return config
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """What compiling a config for a target needs, and what the estimate reads before compiling."""
+  config: object
+  mesh: object
+  shards: int  # Ways the batch is split.
+  model_def: object
+  tx: object
+  shardings: object
+  abstract: dict
+  param_bytes: int  # All parameters, unsharded.
+
+
+def _plan(config, target: Target) -> _Plan:
+  config = _with_slices(config, target)
+  mesh = mesh_lib.make_mesh(config.parallel, list(target.devices))
+  rules = rules_lib.parse_rules(config.parallel.rules)
+  model_def = state_lib.make_model_def(config.model)
+  tx = optim.make_optimizer(config.train)
+  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules, bool(config.parallel.shard_optimizer))
+  abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),
+                                            shardings.state)
+  param_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(abstract['params']))
+  return _Plan(config, mesh, mesh_lib.batch_shards(mesh, rules), model_def, tx, shardings, abstract,
+               int(param_bytes))
+
+
+def _estimate(plan: _Plan, target: Target, xla_bytes=None):
+  return estimate_lib.step_estimate(plan.config, target.chip, chips=len(target.devices),
+                                    mesh_shape=dict(plan.mesh.shape), param_bytes=plan.param_bytes,
+                                    xla_bytes=xla_bytes)
+
+
 def compile_step(config, target: Target, memory_limit: float | None = None) -> dict:
   """One row: the step compiled for `target` (or why it could not be), memory per chip, FLOPs, estimate.
 
   It fits when the compiled peak is within `memory_limit` bytes (default: the chip's HBM; unknown for CPUs).
   """
-  config = _with_slices(config, target)
-  mesh = mesh_lib.make_mesh(config.parallel, list(target.devices))
-  rules = rules_lib.parse_rules(config.parallel.rules)
-  t, seq_len = config.train, int(config.data.seq_len)
-  shards = mesh_lib.batch_shards(mesh, rules)
+  plan = _plan(config, target)
+  config, t, seq_len = plan.config, plan.config.train, int(plan.config.data.seq_len)
   row = {'arch': config.model.arch, 'scale': config.model.scale, 'seq_len': seq_len, 'target': target.name,
-         'device_kind': target.devices[0].device_kind, 'chips': len(target.devices), 'mesh': dict(mesh.shape),
-         'batch_size': int(t.batch_size), 'per_chip_batch': int(t.batch_size) / shards,
-         'grad_accum': int(t.grad_accum), 'remat': config.model.remat}
-  model_def = state_lib.make_model_def(config.model)
-  tx = optim.make_optimizer(t)
-  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules)
-  abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),
-                                            shardings.state)
+         'device_kind': target.devices[0].device_kind, 'chips': len(target.devices), 'mesh': dict(plan.mesh.shape),
+         'batch_size': int(t.batch_size), 'per_chip_batch': int(t.batch_size) / plan.shards,
+         'grad_accum': int(t.grad_accum), 'remat': config.model.remat,
+         'shard_optimizer': bool(config.parallel.shard_optimizer)}
   tic = time.perf_counter()
   try:
-    compiled = step_lib.compile_train_step(model_def, tx, t, shardings, abstract, seq_len)
+    compiled = step_lib.compile_train_step(plan.model_def, plan.tx, t, plan.shardings, plan.abstract, seq_len)
   except Exception as e:  # pylint: disable=broad-except
     if 'RESOURCE_EXHAUSTED' not in str(e):
       raise
@@ -79,8 +104,15 @@ def compile_step(config, target: Target, memory_limit: float | None = None) -> d
     row.update(compile_s=time.perf_counter() - tic, fits=False, error=_first_line(str(e)))
     return row
   row['compile_s'] = time.perf_counter() - tic
-  row.update(_memory(compiled, abstract, target, memory_limit))
-  row.update(_speed(compiled, config, target, shards))
+  row.update(_memory(compiled, plan.abstract, target, memory_limit))
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  row.update(xla_flops_per_chip=float(cost.get('flops', math.nan)),
+             xla_bytes_accessed_per_chip=float(cost.get('bytes accessed', math.nan)))
+  xla_bytes = row['xla_bytes_accessed_per_chip']
+  estimate = _estimate(plan, target, None if math.isnan(xla_bytes) else xla_bytes)
+  if estimate:
+    row.update(model_flops_per_chip=estimate['model_flops_per_chip'], estimate=estimate)
   return row
 
 
@@ -102,108 +134,126 @@ def _memory(compiled, abstract, target: Target, memory_limit) -> dict:
           'hbm_bytes': hbm, 'fits': None if hbm is None else peak <= hbm}
 
 
-def _speed(compiled, config, target: Target, shards: int) -> dict:
-  cost = compiled.cost_analysis()
-  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-  seq_len = int(config.data.seq_len)
-  tokens_per_chip = int(config.train.batch_size) * seq_len / len(target.devices)
-  model_flops = flops_lib.training_flops_per_token(config.model, seq_len) * tokens_per_chip
-  out = {'xla_flops_per_chip': float(cost.get('flops', math.nan)),
-         'xla_bytes_accessed_per_chip': float(cost.get('bytes accessed', math.nan)),
-         'model_flops_per_chip': model_flops}
-  spec = target.chip
-  if spec and spec.hbm_bytes_per_s and not math.isnan(out['xla_bytes_accessed_per_chip']):
-    compute_s = model_flops / (spec.peak_bf16_tflops * 1e12)
-    memory_s = out['xla_bytes_accessed_per_chip'] / spec.hbm_bytes_per_s
-    step_s = max(compute_s, memory_s)
-    out['estimate'] = {'step_s': step_s, 'bound': 'compute' if compute_s >= memory_s else 'memory',
-                       'tokens_per_s': int(config.train.batch_size) * seq_len / step_s,
-                       'basis': f'roofline: {spec.peak_bf16_tflops:g} TFLOP/s, '
-                                f'{spec.hbm_bytes_per_s / 1e9:g} GB/s ({spec.source})'}
-  return out
-
-
-def _changed(config, *, accum=None, remat=None, fsdp_all=False):
+def _changed(config, overrides: dict):
+  """A copy of `config` with `overrides` ({'train.grad_accum': 2, ...}) applied."""
   c = config.copy_and_resolve_references()
-  if accum:
-    c.train.grad_accum = accum
-  if remat:
-    c.model.remat = remat
-  if fsdp_all:
-    c.parallel.data, c.parallel.fsdp = 1, -1
+  for key, value in overrides.items():
+    *parents, name = key.split('.')
+    node = c
+    for part in parents:
+      node = node[part]
+    node[name] = value
   return c
-
-
-def _overrides(step, run_accum) -> dict:
-  """A ladder step as the config overrides it makes (`--config.KEY=VALUE`), the record a fix is kept as."""
-  out = {'train.grad_accum': step['accum']} if step['accum'] != run_accum else {}
-  out.update({'model.remat': step['remat']} if step['remat'] else {})
-  out.update({'parallel.data': 1, 'parallel.fsdp': -1} if step['fsdp_all'] else {})
-  return out
 
 
 def _describe(overrides: dict, per_chip: int) -> str:
   """The overrides for a reader: 'train.grad_accum=4 (micro-batch 2 per chip), model.remat=full'."""
   parts = []
   for key, value in overrides.items():
+    if key == 'parallel.data' and overrides.get('parallel.fsdp') == -1:
+      continue  # Said by the fsdp part.
     note = (f' (micro-batch {per_chip // value} per chip)' if key == 'train.grad_accum' else
-            ' (state over every chip)' if key == 'parallel.fsdp' else '')
+            ' (parallel.data=1: params and optimizer state over every chip)' if key == 'parallel.fsdp' else '')
     parts.append(f'{key}={value}{note}')
   return ', '.join(parts)
 
 
-def find_fix(config, target: Target, memory_limit=None, max_compiles: int = 5) -> dict:
-  """The least intrusive change that fits, each candidate compiled: gradient accumulation down to one sequence
-  per chip (then the fewest accumulation steps that still fit), then full remat, then FSDP over every chip."""
-  mesh = mesh_lib.make_mesh(_with_slices(config, target).parallel, list(target.devices))
-  per_chip = int(config.train.batch_size) // mesh_lib.batch_shards(mesh, rules_lib.parse_rules(config.parallel.rules))
-  accum = int(config.train.grad_accum)
-  most = max(per_chip, accum)
-  ladder = [dict(accum=most, remat=None, fsdp_all=False), dict(accum=most, remat='full', fsdp_all=False)]
-  if int(config.parallel.tensor) == 1 and int(config.parallel.fsdp) != -1:
-    ladder.append(dict(accum=most, remat='full', fsdp_all=True))
-  if config.model.remat == 'full':
-    ladder = [step for step in ladder if step['remat'] is None or step['fsdp_all']]
-  ladder = [step for step in ladder if step['accum'] != accum or step['remat'] or step['fsdp_all']]
-  tried, best = [], None
+def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
+  """The changes that make a step need less memory per chip, as config overrides, those that change least first
+  (compile-check's order for ties): optimizer state over the data-parallel chips, remat 'minimal', both; FSDP over
+  every chip, alone and with 'minimal' (offered to steps without remat); gradient accumulation (2 alone, then each power of two up to one sequence
+  per chip with the cheap changes); full remat; FSDP with full remat and the most accumulation."""
+  accum, remat = int(config.train.grad_accum), config.model.remat
+  shard = {'parallel.shard_optimizer': True} if data_ways > 1 and not config.parallel.shard_optimizer else {}
+  # 'minimal' saves no more than 'save_dots' (BENCHMARKS.md: 35.6 against 35.5 GB for S1 full on v5p), so it is
+  # offered to a step without remat only.
+  minimal = {'model.remat': 'minimal'} if remat == 'none' else {}
+  fsdp = ({'parallel.data': 1, 'parallel.fsdp': -1}
+          if int(config.parallel.tensor) == 1 and int(config.parallel.fsdp) != -1 and data_ways > 1 else {})
+  steps, step = [], accum * 2
+  while step <= max(per_chip, accum) and per_chip % (step // accum) == 0:
+    steps.append(step)
+    step *= 2
+  out = [shard, minimal, {**shard, **minimal}, fsdp, fsdp and {**fsdp, **minimal}]
+  out += [{'train.grad_accum': steps[0]}] if steps else []
+  out += [{**shard, **minimal, 'train.grad_accum': a} for a in steps]
+  deepest = {'train.grad_accum': steps[-1]} if steps else {}
+  if remat != 'full':
+    out += [{**shard, 'model.remat': 'full'}, {**shard, **deepest, 'model.remat': 'full'}]
+    out += [fsdp and {**fsdp, **deepest, 'model.remat': 'full'}]
+  unique = []
+  for o in out:
+    if o and o not in unique:
+      unique.append(o)
+  return unique
 
-  def attempt(step):
-    """Compiles the run with `step`'s changes and records the outcome in `tried`."""
-    row = compile_step(_changed(config, **step), target, memory_limit)
-    overrides = _overrides(step, accum)
-    tried.append({'change': _describe(overrides, per_chip), 'overrides': overrides, 'fits': row.get('fits'),
-                  'peak_bytes': row.get('per_device_bytes', {}).get('peak')})
-    return row
 
-  for step in ladder:
-    if len(tried) >= max_compiles:
-      break
-    row = attempt(step)
-    if row.get('fits'):
-      best = (step, row)
-      break
-  while best and len(tried) < max_compiles:  # Fewer accumulation steps run faster.
-    step = dict(best[0], accum=best[0]['accum'] // 2)
-    if step['accum'] < accum or (step['accum'] == accum and not (step['remat'] or step['fsdp_all'])):
-      break  # Never below the run's own count, nor back to the unchanged run (which did not fit).
-    row = attempt(step)
-    if not row.get('fits'):
-      break
-    best = (step, row)
+def _dominates(a: dict, b: dict) -> bool:
+  """Whether change `a` saves at least the memory that `b` saves: every change of `b` is in `a` (remat 'full'
+  counts as 'minimal', FSDP as the sharded optimizer), with at least as many accumulation steps."""
+  for key, value in b.items():
+    if key == 'train.grad_accum':
+      if a.get(key, 1) < value:
+        return False
+    elif key == 'model.remat':
+      if a.get(key) not in (value, 'full'):
+        return False
+    elif key == 'parallel.shard_optimizer':
+      if not (a.get(key) or a.get('parallel.fsdp') == -1):
+        return False
+    elif a.get(key) != value:
+      return False
+  return True
+
+
+def pick(tried: list[dict]) -> dict | None:
+  """The fastest of the compiled candidates that fit: the lowest estimated step time, ties to the earliest."""
+  fitting = [t for t in tried if t.get('fits')]
+  return min(fitting, key=lambda t: t['estimate']['step_s'] if t.get('estimate') else math.inf, default=None)
+
+
+def recommend(config, target: Target, memory_limit=None, max_compiles: int = 6) -> dict:
+  """Every candidate change (`candidates`) priced before compiling (the estimate without its memory term, a lower
+  bound), then compiled cheapest first, skipping those that cannot beat the best fit so far and those that save
+  less than one that did not fit, until `max_compiles` are spent; of those that fit, the lowest estimate (`pick`).
+  `tried` lists every candidate with what is known of it."""
+  plan = _plan(config, target)
+  per_chip = int(config.train.batch_size) // plan.shards
+  tried = []
+  for rank, overrides in enumerate(candidates(config, per_chip, int(plan.mesh.shape['data']))):
+    changed = _changed(config, overrides)
+    prior = _estimate(_plan(changed, target), target)
+    tried.append({'change': _describe(overrides, per_chip), 'overrides': overrides, 'rank': rank,
+                  'prior_step_s': prior['step_s'] if prior else None, 'config': changed})
+  compiled = 0
+  for t in sorted(tried, key=lambda t: (t['prior_step_s'] or 0, t['rank'])):
+    best = pick(tried)
+    if best and best.get('estimate') and t['prior_step_s'] is not None and (
+        t['prior_step_s'] >= best['estimate']['step_s']):
+      t['skipped'] = 'cannot beat the best fit (its estimate before compiling is already as slow)'
+    elif any(u.get('fits') is False and _dominates(u['overrides'], t['overrides']) for u in tried):
+      t['skipped'] = 'saves less memory than a change that did not fit'
+    elif compiled >= max_compiles:
+      t['skipped'] = f'not compiled ({max_compiles} compiles spent)'
+    else:
+      row = compile_step(t['config'], target, memory_limit)
+      compiled += 1
+      t.update({k: row.get(k) for k in ('fits', 'estimate', 'compile_s', 'error', 'per_device_bytes')},
+               peak_bytes=row.get('per_device_bytes', {}).get('peak'))
+  for t in tried:
+    del t['config']
   out = {'tried': tried}
+  best = pick(tried)
   if best:
-    step, row = best
-    out['overrides'] = _overrides(step, accum)
-    out['change'] = _describe(out['overrides'], per_chip)
-    out.update({k: row.get(k) for k in ('per_device_bytes', 'compile_s', 'estimate')})
+    out.update({k: best.get(k) for k in ('overrides', 'change', 'per_device_bytes', 'compile_s', 'estimate')})
   return out
 
 
 def check(config, target: Target, *, memory_limit=None, find_fit: bool = True) -> dict:
-  """`compile_step`, and when it does not fit, `find_fix`'s verified change (row['fix'])."""
+  """`compile_step`, and when it does not fit, `recommend`'s fastest verified change (row['fix'])."""
   row = compile_step(config, target, memory_limit)
   if row.get('fits') is False and find_fit:
-    row['fix'] = find_fix(config, target, memory_limit)
+    row['fix'] = recommend(config, target, memory_limit)
   return row
 
 
@@ -215,6 +265,30 @@ def _gb(n):
   return '-' if n is None else f'{n / 1e9:.1f}'
 
 
+def short(overrides: dict) -> str:
+  """'grad_accum=2, remat=minimal': a change by its keys' last parts (parallel.data=1 goes without saying)."""
+  return ', '.join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()
+                   if not (k == 'parallel.data' and overrides.get('parallel.fsdp') == -1))
+
+
+def fix_cell(fix: dict) -> str:
+  """The recommended change, then every other candidate: peak and estimate when compiled, why not otherwise."""
+  def said(t):
+    if 'skipped' in t:
+      return f"{short(t['overrides'])}: not compiled"
+    peak = f"{_gb(t.get('peak_bytes'))} GB" if t.get('peak_bytes') else 'refused'
+    est = f", {t['estimate']['step_s']:.3f} s" if t.get('estimate') and t.get('fits') else ''
+    return f"{short(t['overrides'])}: {'fits' if t.get('fits') else 'no'} {peak}{est}"
+  others = [said(t) for t in fix.get('tried', []) if t.get('overrides') != fix.get('overrides')]
+  head = f"**{short(fix['overrides'])}**" if fix.get('overrides') else 'none found'
+  return head + (f" (others: {'; '.join(others)})" if others else '')
+
+
+def _ici_note(est: dict) -> str:
+  share = est.get('collective_s', 0) / est['step_s']
+  return f' + {share:.0%} ICI' if share >= 0.005 else ''
+
+
 def table(rows: list[dict]) -> str:
   """A Markdown table, one line per (run, target)."""
   head = ('| arch | scale | T | target | chips | mesh (data/fsdp/tensor) | batch/chip | fits | peak GB / HBM GB | '
@@ -223,8 +297,8 @@ def table(rows: list[dict]) -> str:
   for r in rows:
     mesh = '/'.join(str(r['mesh'][a]) for a in mesh_lib.AXES)
     est = r.get('estimate') or (r.get('fix') or {}).get('estimate')  # A step that needs its fix: the fixed one.
-    bound = est and (est['bound'] + ('' if r.get('estimate') else ', with the fix'))
-    fix = r.get('fix', {}).get('change') or ('none found' if 'fix' in r else '')
+    bound = est and (est['bound'] + _ici_note(est) + ('' if r.get('estimate') else ', with the fix'))
+    fix = fix_cell(r['fix']) if 'fix' in r else ''
     fits = {True: 'yes', False: 'no', None: '?'}[r.get('fits')]
     peak = r.get('per_device_bytes', {}).get('peak')
     batch = f"{r['per_chip_batch']:g}" + (f" ({r['grad_accum']} accum)" if r['grad_accum'] > 1 else '')
@@ -232,7 +306,7 @@ def table(rows: list[dict]) -> str:
         f"| {r['arch']} | {r['scale']} | {r['seq_len']} | {r['target']} | {r['chips']} | {mesh} | {batch} | {fits} | "
         f"{_gb(peak)} / {_gb(r.get('hbm_bytes'))} | {r['compile_s']:.0f} | "
         f"{_num(r.get('xla_flops_per_chip'), 1e12, '.1f')} | {_num(r.get('xla_bytes_accessed_per_chip'), 1e9, '.0f')} | "
-        + (f"{est['step_s']:.2f} ({bound}) | {est['tokens_per_s']:,.0f}" if est else '- | -')
+        + (f"{est['step_s']:.3f} ({bound}) | {est['tokens_per_s']:,.0f}" if est else '- | -')
         + f' | {fix} |')
   return '\n'.join(lines)
 

@@ -12,7 +12,8 @@ What is counted (one multiply-add = 2 FLOPs):
   is exact for any T;
 - depthwise causal convs: 2 x width per channel per token.
 Not counted: norms, activations, softmax, RoPE, gating and decay exponentials (elementwise, a few % at most), the
-embedding lookup (a gather: 0 FLOPs), the optimizer update, and any rematerialisation. Training = 3 x forward
+embedding lookup (a gather: 0 FLOPs), the optimizer update, and any rematerialisation (`recomputed_flops_per_token`
+counts that apart: hardware work, not model work). Training = 3 x forward
 (the backward of every matmul is two matmuls of the same size), the PaLM "model FLOPs" convention, so remat never
 raises MFU. (The attention kernel benchmark uses 3.5 x forward for attention, which counts the flash backward's
 recompute of Q K^T: a kernel's work, not the model's.)
@@ -152,6 +153,26 @@ def model_flops(cfg, seq_len: int) -> dict:
 def training_flops_per_token(cfg, seq_len: int) -> float:
   """Model FLOPs of one training token (forward + backward) at context `seq_len`."""
   return model_flops(cfg, seq_len)['training_per_token']
+
+
+# The forward parts (layer_flops keys) each remat policy (hybrid_jax.models.model) computes again in the backward.
+# 'save_dots' and 'minimal' keep the weight matmuls' outputs, so only what is not a weight matmul runs again: the
+# attention and scan kernels (custom calls, never saved) and the convs. 'full' keeps nothing but the block input.
+# (Matmuls whose outputs neither keeps, e.g. the MLP's down projection under 'minimal', feed only the block's output,
+# which the backward does not need, so they are not recomputed either.)
+RECOMPUTED_PARTS = {'none': (), 'save_dots': ('core', 'conv'), 'minimal': ('core', 'conv'),
+                    'full': ('projections', 'core', 'conv', 'mlp')}
+
+
+def recomputed_flops_per_token(cfg, seq_len: int, loss_chunk: int = 0) -> float:
+  """Forward FLOPs per token that the backward computes again: the blocks' parts under `cfg.remat`, plus the LM
+  head when the loss is chunked (train.loss_chunk below seq_len: each chunk's logits are recomputed)."""
+  if cfg.remat not in RECOMPUTED_PARTS:
+    raise ValueError(f'no recompute model for remat policy {cfg.remat!r}; known: {", ".join(RECOMPUTED_PARTS)}')
+  f = model_flops(cfg, seq_len)
+  blocks = sum(layer[part] for layer in f['layers'] for part in RECOMPUTED_PARTS[cfg.remat])
+  head = f['lm_head'] if 0 < loss_chunk < seq_len else 0
+  return (blocks + head) / seq_len
 
 
 def breakdown_markdown(cfg, seq_len: int) -> str:

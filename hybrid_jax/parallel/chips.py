@@ -1,6 +1,7 @@
 """Accelerator specifications by device kind: bf16 peak, HBM capacity and bandwidth, and where the numbers come from.
 
-MFU (training, `bench step`) needs the peak; `compile-check`'s fit verdict and roofline estimate need all three.
+MFU (training, `bench step`) needs the peak; `compile-check`'s fit verdict and roofline estimate need the HBM
+numbers, and its price of a mesh's collectives the bidirectional inter-chip (ICI) bandwidth per chip.
 A TPU device is one chip for v4 and later (megacore), one core for v2/v3. Dense bf16, no sparsity. Matched against
 `device.device_kind` in order, more specific names first.
 """
@@ -18,6 +19,7 @@ class Chip:
   hbm_bytes: float | None = None  # As the vendor states it (GB = 1e9 bytes, GiB = 2**30 bytes).
   hbm_bytes_per_s: float | None = None
   source: str = ''
+  ici_bytes_per_s: float | None = None  # Bidirectional inter-chip interconnect bandwidth per chip.
 
 
 _GB, _GIB = 1e9, 2**30
@@ -31,11 +33,12 @@ CHIPS = (
     Chip('TPU v2', 22.5, source=_TPU_DOCS + 'system-architecture-tpu-vm'),
     Chip('TPU v3', 61.5, source=_TPU_DOCS + 'system-architecture-tpu-vm'),
     Chip('TPU v4', 275.0, 32 * _GIB, 1200e9, _TPU_DOCS + 'v4'),
-    Chip('TPU v5 lite', 197.0, 16 * _GB, 819e9, _TPU_DOCS + 'v5e'),
-    Chip('TPU v5e', 197.0, 16 * _GB, 819e9, _TPU_DOCS + 'v5e'),
-    Chip('TPU v5p', 459.0, 95 * _GB, 2765e9, _TPU_DOCS + 'v5p'), Chip('TPU v5', 459.0, 95 * _GB, 2765e9, _TPU_DOCS + 'v5p'),
-    Chip('TPU v6 lite', 918.0, 32 * _GB, 1638e9, _TPU_DOCS + 'v6e'),
-    Chip('TPU v6e', 918.0, 32 * _GB, 1638e9, _TPU_DOCS + 'v6e'),
+    Chip('TPU v5 lite', 197.0, 16 * _GB, 819e9, _TPU_DOCS + 'v5e', 400e9),
+    Chip('TPU v5e', 197.0, 16 * _GB, 819e9, _TPU_DOCS + 'v5e', 400e9),
+    Chip('TPU v5p', 459.0, 95 * _GB, 2765e9, _TPU_DOCS + 'v5p', 1200e9),
+    Chip('TPU v5', 459.0, 95 * _GB, 2765e9, _TPU_DOCS + 'v5p', 1200e9),
+    Chip('TPU v6 lite', 918.0, 32 * _GB, 1638e9, _TPU_DOCS + 'v6e', 800e9),
+    Chip('TPU v6e', 918.0, 32 * _GB, 1638e9, _TPU_DOCS + 'v6e', 800e9),
 )
 
 
