@@ -5,13 +5,16 @@ import json
 import os
 import pathlib
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 
-from hybrid_jax.sweep import cli as sweep_cli, local, status, tpu, wandb_sink
+from hybrid_jax.sweep import cli as sweep_cli, local, record, status, tpu, wandb_sink
+from hybrid_jax.train import metrics
 from tests.conftest import ROOT, SMALL, wait_for
 
 # The seconds-fast run of conftest.SMALL, in float32, without the whole-document evaluation.
@@ -155,8 +158,8 @@ def test_slots_get_disjoint_gpus():
 
 class _FakeRun:
 
-  def __init__(self, logged):
-    self.logged = logged
+  def __init__(self, logged, run_id):
+    self.logged, self.id = logged, run_id or 'abc123'
 
   def log(self, values, step):
     self.logged.append((step, values))
@@ -170,11 +173,10 @@ class _FakeWandb:
 
   def __init__(self):
     self.inits, self.logged = [], []
-    self.util = type('util', (), {'generate_id': staticmethod(lambda: 'abc123')})
 
   def init(self, **kwargs):
     self.inits.append(kwargs)
-    return _FakeRun(self.logged)
+    return _FakeRun(self.logged, kwargs['id'])
 
 
 def test_the_wandb_sink_logs_the_metrics_records_once_each(tmp_path, monkeypatch):
@@ -191,6 +193,65 @@ def test_the_wandb_sink_logs_the_metrics_records_once_each(tmp_path, monkeypatch
     f.write(json.dumps({'step': 3, 'kind': 'train', 'loss': 1.5}) + '\n')
   assert sink.sync(member, 'tiny') == 1
   assert fake.logged == [(1, {'train/loss': 4.0}), (2, {'train/loss': 3.0}), (3, {'train/loss': 1.5})]
-  assert [i['id'] for i in fake.inits] == ['abc123', 'abc123']
+  assert [i['id'] for i in fake.inits] == [None, 'abc123']  # W&B's id for the first attempt, resumed after.
   assert fake.inits[0]['name'] == member.name and fake.inits[0]['group'] == 'tiny'
   assert 'sweep:tiny' in fake.inits[0]['tags'] and fake.inits[0]['config']['seed'] == 0
+
+
+_WANDB_BLOCK = 32 * 1024
+
+
+def _wandb_records(path):
+  """The records of a .wandb file, parsed with wandb's own Record message (wandb ships no reader of the file): after
+  a 7-byte header (':W&B', magic, version) a LevelDB-style log of 32 KiB blocks whose records come in chunks, each
+  with a checksum (CRC-32 of its type and data), a length and a type (1 whole, 2 first, 3 middle, 4 last)."""
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
+  data = path.read_bytes()
+  assert data[:4] == b':W&B', data[:7]
+  records, pos, pending = [], 7, b''
+  while pos + 7 <= len(data):
+    if _WANDB_BLOCK - pos % _WANDB_BLOCK < 7:  # Too little of the block left for a header: padding.
+      pos += _WANDB_BLOCK - pos % _WANDB_BLOCK
+      continue
+    checksum, length, kind = struct.unpack('<IHB', data[pos:pos + 7])
+    chunk = data[pos + 7:pos + 7 + length]
+    if kind == 0:  # Zeros: the end of what was written.
+      break
+    assert checksum == zlib.crc32(chunk, zlib.crc32(bytes([kind]))), f'{path}: bad chunk at byte {pos}'
+    pending, pos = pending + chunk, pos + 7 + length
+    if kind in (1, 4):
+      records.append(wandb_internal_pb2.Record.FromString(pending))
+      pending = b''
+  return records
+
+
+def test_the_wandb_sink_logs_each_metrics_record_once_in_offline_mode(tmp_path):
+  """Real wandb, offline: a sweep's run, then its resumption to more steps, log into one W&B run named and tagged
+  by the sweep; the history read back from the .wandb files is the run's metrics.jsonl, each step once."""
+  sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed=0'])
+  root = tmp_path / 'root'
+  env = dict(os.environ, JAX_PLATFORMS='cpu', WANDB_MODE='offline', WANDB_DIR=str(tmp_path / 'wandb'),
+             WANDB_SILENT='true')
+  for steps in (6, 10):
+    out = subprocess.run(_command(sweep, root, f'--config.train.steps={steps}', '--wandb=hj-test'), env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+  (workdir,) = status.run_dirs(root)
+  files = sorted(workdir.glob('wandb/offline-run-*/run-*.wandb'))
+  assert len(files) == 2, files  # One per attempt, both of the same W&B run.
+  records = [r for f in files for r in _wandb_records(f)]
+  run_id = record.read(workdir)['wandb']['id']
+  runs = {(r.run.run_id, r.run.project, r.run.display_name, r.run.run_group, tuple(r.run.tags))
+          for r in records if r.WhichOneof('record_type') == 'run'}
+  assert runs == {(run_id, 'hj-test', workdir.name, 'tiny', ('sweep:tiny', 'arch:swa128_nope', 'scale:tiny'))}
+  logged = []
+  for r in records:
+    if r.WhichOneof('record_type') == 'history':
+      items = {'/'.join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
+      logged.append((r.history.step.num, {k: v for k, v in items.items() if not k.startswith('_')}))
+  expected = {}
+  for r in metrics.read_jsonl(workdir / 'metrics.jsonl'):
+    expected.setdefault(r['step'], {}).update({f"{r['kind']}/{k}": v for k, v in r.items()
+                                               if k not in ('step', 'kind') and isinstance(v, (int, float))})
+  assert [step for step, _ in logged] == sorted(expected) and max(expected) == 10
+  assert dict(logged) == expected

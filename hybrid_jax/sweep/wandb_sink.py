@@ -33,14 +33,14 @@ class WandbSink:
     if not path.exists():
       return 0
     seen = record.read(workdir).get('wandb', {})
-    run_id = seen.get('id') or self.wandb.util.generate_id()
     logged = int(seen.get('step', 0))
     new = [r for r in metrics.read_jsonl(path) if r['step'] > logged]
     if not new:
       return 0
-    run = self.wandb.init(project=self.project, name=member.name, id=run_id, resume='allow', group=sweep,
+    # A first attempt lets W&B choose the id (its generator is no public API); later ones resume that run.
+    run = self.wandb.init(project=self.project, name=member.name, id=seen.get('id'), resume='allow', group=sweep,
                           tags=member.tags, config=config_history.flatten(member.config), dir=str(workdir),
-                          reinit=True)
+                          reinit='finish_previous')
     try:
       for step in sorted({r['step'] for r in new}):
         values = {f"{r['kind']}/{k}": v for r in new if r['step'] == step
@@ -48,5 +48,5 @@ class WandbSink:
         run.log(values, step=step)
     finally:
       run.finish()
-    record.update(workdir, wandb={'id': run_id, 'step': max(r['step'] for r in new)})
+    record.update(workdir, wandb={'id': run.id, 'step': max(r['step'] for r in new)})
     return len(new)
