@@ -28,6 +28,14 @@ def next_outcome(kind):
   return outcome
 
 
+def _logged_a_step(workdir: pathlib.Path) -> bool:
+  """Whether the trainer has logged a training step (metrics.jsonl exists from the start, before any step)."""
+  try:
+    return '"kind": "train"' in (workdir / 'metrics.jsonl').read_text()
+  except OSError:
+    return False
+
+
 def trainer_pid(pid):
   """The `hybrid_jax train` process below `pid`, or None."""
   try:
@@ -76,7 +84,7 @@ def main(argv):
     proc = subprocess.Popen(['bash', '-c', command], cwd=os.environ['HOME'])
     if outcome == 'preempt':
       workdir = pathlib.Path(command.split('--workdir=')[1].split()[0])
-      while proc.poll() is None and not (workdir / 'metrics.jsonl').exists():
+      while proc.poll() is None and not _logged_a_step(workdir):
         time.sleep(0.05)
       pid = trainer_pid(proc.pid)
       if pid:
