@@ -13,7 +13,8 @@ import zlib
 
 import pytest
 
-from hybrid_jax.sweep import cli as sweep_cli, local, record, status, tpu, wandb_sink
+from hybrid_jax.sweep import cli as sweep_cli, local, outcome as outcome_lib, record, runner, status, tpu
+from hybrid_jax.sweep import wandb_sink
 from hybrid_jax.train import metrics
 from tests.conftest import ROOT, SMALL, wait_for
 
@@ -196,6 +197,56 @@ def test_the_wandb_sink_logs_the_metrics_records_once_each(tmp_path, monkeypatch
   assert [i['id'] for i in fake.inits] == [None, 'abc123']  # W&B's id for the first attempt, resumed after.
   assert fake.inits[0]['name'] == member.name and fake.inits[0]['group'] == 'tiny'
   assert 'sweep:tiny' in fake.inits[0]['tags'] and fake.inits[0]['config']['seed'] == 0
+
+
+class _StandInBackend:
+  """One slot that 'completes' each run at once, except that it fails with a fault on the runs named `broken`."""
+  slots = 1
+
+  def __init__(self, broken):
+    self.broken, self.attempted = broken, []
+
+  def where(self, slot):
+    return f'stand-in slot {slot}'
+
+  def attempt(self, member, slot, log_path):
+    del slot, log_path
+    self.attempted.append(member.name)
+    if member.name in self.broken:
+      raise OSError('the slot lost its machine')
+    return outcome_lib.Outcome('completed', 0)
+
+  def stop(self):
+    pass
+
+
+class _FailingSink:
+
+  def __init__(self, failing):
+    self.failing, self.synced = failing, []
+
+  def sync(self, member, sweep):
+    del sweep
+    if member.name in self.failing:
+      raise RuntimeError('the tracker is unreachable')
+    self.synced.append(member.name)
+    return 0
+
+
+def test_a_tracker_or_backend_fault_is_reported_and_the_sweep_goes_on(tmp_path):
+  """A sink that raises, or a backend that raises, must neither end the slot (the next runs still run) nor let the
+  sweep exit 0: the fault is said in one line and the exit status is 1."""
+  sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed={k}' for k in range(3)])
+  members = sweep_cli.members_lib.load(sweep, tmp_path / 'root', OVERRIDES)
+  names = [m.name for m in members]
+  backend, sink, lines = _StandInBackend({names[1]}), _FailingSink({names[0]}), []
+  runner_ = runner.Runner(members, backend, sweep='tiny', sink=sink, say=lines.append)
+  assert runner_.run() == 1
+  assert backend.attempted == names and sink.synced == [names[2]]
+  assert any(names[0] in line and 'not logged by the experiment tracker: RuntimeError' in line for line in lines)
+  assert any(names[1] in line and 'crashed in the sweep runner: OSError: the slot lost its machine' in line
+             for line in lines)
+  assert runner_.results == {names[0]: 'completed', names[1]: 'crashed', names[2]: 'completed'}
 
 
 _WANDB_BLOCK = 32 * 1024

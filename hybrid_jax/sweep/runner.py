@@ -59,6 +59,7 @@ class Runner:
     self.retry_failed, self.sink = retry_failed, sink
     self._say, self._lock = say, threading.Lock()
     self.results = {}  # name -> final state ('completed', 'failed', 'crashed', 'stopped', 'skipped:<state>')
+    self.unlogged = {}  # name -> why the sink could not log it (the run itself is unaffected)
     self._stop = threading.Event()
 
   def say(self, line: str) -> None:
@@ -85,7 +86,11 @@ class Runner:
     self.say(f"{self._label(i, member)}: {result.state} at step {row['step']}/{row['steps']}{_loss(row)}, "
              f"{now - start:.0f} s{detail}")
     if self.sink is not None:
-      self.sink.sync(member, self.sweep)
+      try:
+        self.sink.sync(member, self.sweep)
+      except Exception as e:  # pylint: disable=broad-except  # Tracking must not end the slot, nor pass unseen.
+        self.unlogged[member.name] = f'{type(e).__name__}: {e}'
+        self.say(f'{self._label(i, member)}: not logged by the experiment tracker: {self.unlogged[member.name]}')
 
   def _slot(self, slot, work: queue.Queue) -> None:
     while not self._stop.is_set():
@@ -94,7 +99,11 @@ class Runner:
       except queue.Empty:
         return
       self.say(f'{self._label(i, member)}: {why} on {self.backend.where(slot)}')
-      self._attempt(i, member, slot)
+      try:
+        self._attempt(i, member, slot)
+      except Exception as e:  # pylint: disable=broad-except  # A backend fault: this run crashed, the slot goes on.
+        self.results[member.name] = 'crashed'
+        self.say(f'{self._label(i, member)}: crashed in the sweep runner: {type(e).__name__}: {e}')
 
   def stop(self, signum=None, frame=None) -> None:
     del frame
@@ -105,7 +114,7 @@ class Runner:
 
   def run(self) -> int:
     """Runs the sweep; the exit status: 0 when every run completed, 2 when a run failed on a user error or was
-    refused, 1 when one crashed, 143 when runs were stopped."""
+    refused, 1 when one crashed or the experiment tracker could not log one, 143 when runs were stopped."""
     work = queue.Queue()
     for i, member in enumerate(self.members):
       record.update(member.workdir, sweep=self.sweep, name=member.name, tags=member.tags,
@@ -142,10 +151,11 @@ class Runner:
     for s in states:
       counts[s] = counts.get(s, 0) + 1
     self.say(f'sweep {self.sweep}: {done}/{len(self.members)} completed (' +
-             ', '.join(f'{n} {s}' for s, n in sorted(counts.items())) + ')')
+             ', '.join(f'{n} {s}' for s, n in sorted(counts.items())) + ')' +
+             (f'; {len(self.unlogged)} not logged by the experiment tracker' if self.unlogged else ''))
     if any(s == 'failed' or s == 'skipped:failed' for s in states):
       return outcome_lib.USER_ERROR
-    if 'crashed' in states:
+    if 'crashed' in states or self.unlogged:
       return 1
     if self._stop.is_set() or 'stopped' in states or len(states) < len(self.members):
       return 143
