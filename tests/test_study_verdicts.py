@@ -85,6 +85,9 @@ def test_laziness_reproduced_opposite_and_inside_the_spreads():
   noisy = {'SWA-128': _entry({}, {}, formation=[500, 2500, 500]),
            'SWA-2048': _entry({}, {}, formation=[1500, 1750, 1000])}
   assert verdicts.laziness(noisy, 250, 3000).status == NOT_SEPARABLE
+  # A caveat is stated with the evidence and leaves the status alone.
+  with_caveat = verdicts.laziness(lazy, 250, 3000, 'One cycle only.')
+  assert with_caveat.status == REPRODUCED and with_caveat.evidence[-1] == 'One cycle only.'
 
 
 def test_laziness_counts_runs_that_never_formed_and_says_so():
@@ -120,3 +123,14 @@ def test_one_seed_is_never_judged():
     entry['held_out_loss'] = spread([0.5])
   for v in mini.judge(summary, mini.PRESETS['smoke']):
     assert v.status == NOT_SEPARABLE, v.text()
+
+
+def test_one_cycle_presets_state_why_two_verdicts_are_weak_and_deeper_ones_do_not():
+  """mini (swa, full) cannot let a sliding layer retrieve alone, so the report says so beside where retrieval lives
+  and laziness; gpu-small (two cycles) can, and carries no such caveat."""
+  summary = {'SWA-128': _entry({}, {BETWEEN: [0.1] * 3, BEYOND: [0.1] * 3}, formation=[500, 750, 500]),
+             'SWA-2048': _entry({}, {BETWEEN: [0.1] * 3, BEYOND: [0.1] * 3}, formation=[2000, 2250, 2500])}
+  where, lazy, _ = mini.judge(summary, mini.PRESETS['mini'])
+  assert 'cannot do both hops' in where.evidence[-1] and "study's mechanism" in lazy.evidence[-1]
+  where, lazy, _ = mini.judge(summary, mini.PRESETS['gpu-small'])
+  assert not any('cannot do both hops' in line for line in where.evidence + lazy.evidence)

@@ -401,13 +401,17 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
 def judge(summary: dict, preset: Preset) -> list:
   """The three verdicts (hybrid_jax.study.verdicts) on a summary."""
   config = run_config('SWA-2048', preset)
-  caveat = ''
+  where_caveat = lazy_caveat = ''
   if config.model.num_layers <= len(config.model.cycle):  # One cycle: the sliding layer lies only below the full one.
-    caveat = ('With one sliding layer under one full layer, the sliding layer cannot do both hops of the recall '
-              'circuit (gather the value, match the key) alone, so a drop between the windows is expected here by '
-              'construction; a deeper preset (gpu-small) puts a sliding layer above a full one.')
-  return [verdicts.where_retrieval_lives(summary, BUCKETS, caveat),
-          verdicts.laziness(summary, preset.probe_every, preset.steps),
+    alone = ('With one sliding layer under one full layer, the sliding layer cannot do both hops of the recall circuit '
+             '(gather the value, match the key) alone')
+    where_caveat = (f'{alone}, so a drop between the windows is expected here by construction; a deeper preset '
+                    '(gpu-small) puts a sliding layer above a full one.')
+    lazy_caveat = (f"{alone}, so the study's mechanism (sliding layers that retrieve inside their window leave the "
+                   'full layers lazy) cannot act here; the steps compare how fast the two-layer circuit forms under a '
+                   'wider first layer.')
+  return [verdicts.where_retrieval_lives(summary, BUCKETS, where_caveat),
+          verdicts.laziness(summary, preset.probe_every, preset.steps, lazy_caveat),
           verdicts.nope(summary, BEYOND_CONTEXT)]
 
 

@@ -124,10 +124,11 @@ def where_retrieval_lives(summary: dict, buckets, caveat: str = '') -> Verdict:
                  combine(parts), evidence + ([caveat] if caveat else []))
 
 
-def laziness(summary: dict, probe_every: int, steps: int) -> Verdict:
+def laziness(summary: dict, probe_every: int, steps: int, caveat: str = '') -> Verdict:
   """A larger window delays the step at which the full layers' long-range retrieval forms (the first probe at which
   recall beyond the large window, which only full attention reaches, crosses a threshold; per seed in
-  summary[label]['formation']['step'], a spread; runs in which it never formed count as `steps + probe_every`)."""
+  summary[label]['formation']['step'], a spread; runs in which it never formed count as `steps + probe_every`).
+  `caveat` (a sentence) is added to the evidence."""
   if not {'SWA-128', 'SWA-2048'} <= set(summary):
     return Verdict('Large-window laziness', _LAZY_CLAIM, NOT_ASSESSABLE, ['needs SWA-128 and SWA-2048.'])
   small, large = summary['SWA-128']['formation'], summary['SWA-2048']['formation']
@@ -145,7 +146,7 @@ def laziness(summary: dict, probe_every: int, steps: int) -> Verdict:
     evidence.append(f"SWA-128-NoPE: step {pm(summary['SWA-128-NoPE']['formation']['step'], 0)}.")
   if 'Full' in summary:
     evidence.append(f"Full: step {pm(summary['Full']['formation']['step'], 0)}.")
-  return Verdict('Large-window laziness', _LAZY_CLAIM, status(outcome), evidence)
+  return Verdict('Large-window laziness', _LAZY_CLAIM, status(outcome), evidence + ([caveat] if caveat else []))
 
 
 _LAZY_CLAIM = 'a larger sliding window delays the formation of retrieval heads in the full-attention layers.'
