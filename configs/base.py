@@ -108,6 +108,9 @@ def get_config(arg=None):
   # the byte tokenizer; set data.long_short_ratio=0 so the text fraction below is the mixture's.
   rc = d.recall = ml_collections.ConfigDict()
   rc.pairs = 6  # Key-value pairs (and queries) per recall document; 1 = a needle document.
+  # Records whose key is never asked, placed at random among the others: "the nearest record not asked yet" then no
+  # longer names the answer, so only the key match does (hybrid_jax/data/recall.py).
+  rc.distractors = 0
   rc.key_length = 1  # Characters per key.
   rc.key_chars = 26  # Keys use the first key_chars upper-case letters (unique within a document).
   rc.value_length = 2  # Characters per value (the answer).

@@ -2,6 +2,7 @@
 
 import dataclasses
 import pickle
+import re
 import string
 
 import numpy as np
@@ -93,6 +94,40 @@ def test_random_filler_hides_the_answer_among_digits():
   assert source[5] != recall.RecallSource(recall_config().data, 'train')[5]
 
 
+def test_distractor_records_are_never_asked_and_break_the_nearest_record_rule():
+  """Distractor records look like every other record (`VALUEKEY`, keys unique in the document) but their keys are
+  never asked; the queries are where they were. With them, the nearest record not asked yet before a query is often
+  a distractor, so that rule no longer names the answer."""
+  config = recall_config(key_length=2, key_chars=5, distractors=3)
+  source = recall.RecallSource(config.data, 'train')
+  s = source.settings
+  nearest_is_own = [0, 0]
+  for doc in recall_documents(source, 300):
+    asked = {q.key for q in doc.queries}
+    keys = [m.group() for m in re.finditer('[A-Z]+', doc.text)]
+    assert all(len(k) == 2 for k in keys)
+    assert len(keys) == 2 * s.pairs + 3 and len(set(keys)) == s.pairs + 3  # Asked keys twice, distractors once.
+    for key in set(keys) - asked:
+      i = doc.text.index(key)
+      assert doc.text[i - 2:i].isdigit()  # Its value, then the key: a record like any other.
+    for q in doc.queries:
+      assert doc.text[q.pair:q.pair + 4] == q.value + q.key and doc.text[q.query:q.query + 4] == q.key + q.value
+      records = [doc.text.index(k) - 2 for k in set(keys) - {r.key for r in doc.queries if r.query < q.query}]
+      before = [p for p in records if p < q.query]
+      nearest_is_own[0] += max(before) == q.pair
+      nearest_is_own[1] += 1
+  without = recall.RecallSource(recall_config(key_length=2, key_chars=5).data, 'train')
+  own_without = np.mean([max(r.pair for r in d.queries if r.query >= q.query and r.pair < q.query) == q.pair
+                         for d in recall_documents(without, 300) for q in d.queries])
+  assert nearest_is_own[0] / nearest_is_own[1] < own_without - 0.1, (nearest_is_own, own_without)
+
+
+def test_no_distractors_leaves_the_documents_as_they_were():
+  base = recall.RecallSource(recall_config().data, 'train')
+  explicit = recall.RecallSource(recall_config(distractors=0).data, 'train')
+  assert [base[i] for i in range(50)] == [explicit[i] for i in range(50)]
+
+
 def test_documents_are_deterministic_and_splits_differ():
   config = recall_config(text_fraction=0.5)
   a, b = recall.RecallSource(config.data, 'train'), recall.RecallSource(config.data, 'train')
@@ -138,6 +173,8 @@ def test_resume_mid_stream_gives_the_same_documents():
     ('filler', 'the Sky is blue', 'filler'),
     ('filler', '', 'filler'),
     ('filler_random', 'abC', 'filler_random'),
+    ('distractors', -1, 'distractors'),
+    ('distractors', 30, 'pairs'),  # no room: (2 * 6 + 30) * 4 > 128
     ('filler_random', 'äö', 'filler_random'),
 ])
 def test_bad_settings_name_the_field(field, value, match):

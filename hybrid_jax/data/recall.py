@@ -84,6 +84,7 @@ class Settings:
   seed: int
   filler: str
   filler_random: str
+  distractors: int
 
   @property
   def record(self) -> int:
@@ -114,13 +115,15 @@ def settings(data_cfg) -> Settings:
                       "'byte' (distances and one document per row are counted in bytes)")
   length = int(data_cfg.seq_len)
   pairs, klen, vlen = _int(r, 'pairs', 1), _int(r, 'key_length', 1), _int(r, 'value_length', 1)
+  distractors = _int(r, 'distractors', 0)
   kchars, vchars = _int(r, 'key_chars', 1), _int(r, 'value_chars', 2)
   if kchars > 26:
     _fail('key_chars', kchars, 'must be <= 26 (upper-case letters)')
   if vchars > 10:
     _fail('value_chars', vchars, 'must be <= 10 (digits)')
-  if kchars ** klen < pairs:
-    _fail('pairs', pairs, f'must be <= key_chars ** key_length = {kchars ** klen} (keys are unique in a document)')
+  if kchars ** klen < pairs + distractors:
+    _fail('pairs', pairs, f'plus distractors ({distractors}) must be <= key_chars ** key_length = {kchars ** klen} '
+          '(keys are unique in a document)')
   record = klen + vlen
   ranges = tuple(tuple(x) for x in r.distance_ranges) if all(
       isinstance(x, (tuple, list)) for x in r.distance_ranges) else None
@@ -137,8 +140,9 @@ def settings(data_cfg) -> Settings:
                                         for w in weights) or not sum(weights) > 0:
     _fail('distance_weights', r.distance_weights, f'must be {len(ranges)} numbers >= 0 (one per distance range), '
           'not all 0')
-  if 2 * pairs * (record + 1) > length // 2:
-    _fail('pairs', pairs, f'2 * pairs * (record + 1) = {2 * pairs * (record + 1)} must be <= data.seq_len / 2 = '
+  cells = (2 * pairs + distractors) * (record + 1)
+  if cells > length // 2:
+    _fail('pairs', pairs, f'(2 * pairs + distractors) * (record + 1) = {cells} must be <= data.seq_len / 2 = '
           f'{length // 2}, so that the records leave room to place them at the drawn distances')
   fraction = r.text_fraction
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
@@ -152,7 +156,7 @@ def settings(data_cfg) -> Settings:
   if not isinstance(filler_random, str) or not filler_random.isascii() or any(c.isupper() for c in filler_random):
     _fail('filler_random', filler_random, "must be '' or ASCII characters without upper-case letters (those are keys)")
   return Settings(length, pairs, klen, kchars, vlen, vchars, ranges, weights, float(fraction),
-                  _int(r, 'documents', 1), _int(r, 'seed', 0), filler, filler_random)
+                  _int(r, 'documents', 1), _int(r, 'seed', 0), filler, filler_random, distractors)
 
 
 def ascii_fold(text: str) -> str:
@@ -186,6 +190,30 @@ def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
     else:
       return None
   return placed
+
+
+def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str]] | None:
+  """(start, `VALUEKEY` text) of each distractor record: a record whose key is never asked, at a free place apart
+  from every other record by >= 1 character. Why: with every record asked once, "the nearest record not asked yet"
+  names the right one for most queries, a rule a full-attention layer can follow without matching the key (the Full
+  arch learned it: BENCHMARKS.md); records nobody asks for break that rule."""
+  taken = np.zeros(s.length + 1, bool)
+  for p, q in placed:
+    taken[p:p + s.record] = taken[q:q + s.record] = True
+  free_keys = np.setdiff1d(np.arange(s.key_chars ** s.key_length), used_keys)
+  keys = rng.choice(free_keys, size=s.distractors, replace=False)
+  out = []
+  for k in keys:
+    for _ in range(64):
+      p = int(rng.integers(0, s.length - s.record + 1))
+      if not taken[max(p - 1, 0):p + s.record + 1].any():
+        taken[p:p + s.record] = True
+        value = ''.join(string.digits[x] for x in rng.integers(0, s.value_chars, size=s.value_length))
+        out.append((p, value + _key(int(k), s)))
+        break
+    else:
+      return None
+  return out
 
 
 class RecallSource:
@@ -234,6 +262,13 @@ class RecallSource:
       chars[q:q + s.record] = query.key + query.value
       queries.append(query)
     queries.sort(key=lambda x: x.query)
+    if s.distractors:
+      placed_distractors = _distractors(rng, s, placed, keys)
+      if placed_distractors is None:
+        raise ConfigError(f'config.data.recall: {s.distractors} distractor records found no room beside {s.pairs} '
+                          f'pairs in {s.length} characters; use fewer distractors or pairs')
+      for start, record in placed_distractors:
+        chars[start:start + s.record] = record
     return RecallDocument(''.join(chars), 'recall', tuple(queries))
 
   def _text_document(self, rng) -> str:
