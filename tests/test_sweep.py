@@ -44,6 +44,13 @@ def _sessions(workdir):
   return json.loads((workdir / 'config_history.json').read_text())['sessions']
 
 
+def _logged_a_step(workdir) -> bool:
+  try:
+    return '"kind": "train"' in (workdir / 'metrics.jsonl').read_text()
+  except OSError:
+    return False
+
+
 def test_a_killed_local_sweep_resumes_on_rerun(tmp_path):
   """Runs 0 and 1 train alike (keep_checkpoints does not change a loss): run 1, killed with the runner, must end
   as run 0 did."""
@@ -57,7 +64,8 @@ def test_a_killed_local_sweep_resumes_on_rerun(tmp_path):
   wait_for(lambda: root.is_dir() and len(status.run_dirs(root)) == 4, runner, 'the run directories')
   dirs = status.run_dirs(root)
   victim = next(d for d in dirs if 'keep_checkpoints' in d.name)
-  wait_for(lambda: (victim / 'metrics.jsonl').exists(), runner, 'the second run training')
+  # A logged step, not the file (it exists before any step): killed while compiling, nothing would be resumed.
+  wait_for(lambda: _logged_a_step(victim), runner, 'the second run training')
   runner.send_signal(signal.SIGKILL)  # The runner alone: its trainer gets SIGTERM from the kernel and checkpoints.
   runner.wait()
   deadline = time.time() + 120  # Its trainer, orphaned, checkpoints on the kernel's SIGTERM and writes its report.
