@@ -169,6 +169,11 @@ def _key(index: int, s: Settings) -> str:
   return ''.join(letters[(index // s.key_chars ** j) % s.key_chars] for j in range(s.key_length))
 
 
+def _room(taken: np.ndarray, start: int, s: Settings) -> bool:
+  """Whether a record starting at `start` is apart by >= 1 character from every taken cell."""
+  return not taken[max(start - 1, 0):start + s.record + 1].any()
+
+
 def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
   """(pair start, query start) per pair at freshly drawn distances, records apart by >= 1 character; None if the
   random placement failed (the caller draws again)."""
@@ -176,14 +181,12 @@ def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
   distances = [int(rng.integers(s.distance_ranges[b][0], s.distance_ranges[b][1] + 1)) for b in buckets]
   taken = np.zeros(s.length + 1, bool)  # One guard cell so a record may end at the last character.
   placed = [None] * s.pairs
-  span = s.record + 1  # The record and the gap after it.
   for j in sorted(range(s.pairs), key=lambda j: -distances[j]):  # The longest are the hardest to place.
     d = distances[j] + s.value_length - 1  # Query start - pair start.
     for _ in range(64):
       p = int(rng.integers(0, s.length - d - s.record + 1))
       q = p + d
-      lo_p, lo_q = max(p - 1, 0), max(q - 1, 0)
-      if not (taken[lo_p:p + span].any() or taken[lo_q:q + span].any()):
+      if _room(taken, p, s) and _room(taken, q, s):
         taken[p:p + s.record] = taken[q:q + s.record] = True
         placed[j] = (p, q)
         break
@@ -206,7 +209,7 @@ def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str]] |
   for k in keys:
     for _ in range(64):
       p = int(rng.integers(0, s.length - s.record + 1))
-      if not taken[max(p - 1, 0):p + s.record + 1].any():
+      if _room(taken, p, s):
         taken[p:p + s.record] = True
         value = ''.join(string.digits[x] for x in rng.integers(0, s.value_chars, size=s.value_length))
         out.append((p, value + _key(int(k), s)))
