@@ -129,7 +129,21 @@ def test_minimal_remat_keeps_the_named_projections_only():
   named = sorted(w.split("'")[1] for w in saved if w.startswith('named'))
   assert named == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlpwi_0', 'mlpwi_1'] * 2)
   assert not any('mlpwo' in w for w in saved)
-  assert any('attention.py' in w and "'query_proj'" in w for w in saved)  # Named after RoPE, in _qkv.
+
+
+@pytest.mark.parametrize('remat', ['save_dots', 'minimal'])
+@pytest.mark.parametrize('arch', ['swa128', 'lightning', 'mamba2', 'gdn'])
+def test_kept_projections_are_flat_not_per_head(arch, remat):
+  """What remat keeps of a per-head projection is [B, T, heads*head_dim], never [B, T, heads, head_dim]: a TPU pads
+  a kept tensor's minor dimension to 128 lanes, so head_dim 64 kept per head would hold twice its bytes."""
+  from jax._src.ad_checkpoint import saved_residuals
+  cfg = small_config(arch, num_layers=2, remat=remat, dtype='float32').model
+  model_def, params = state_lib.init_model(cfg, 0)
+  saved = saved_residuals(lambda p: jnp.sum(model_def.bind(p)(jnp.zeros((1, 16), jnp.int32))), params)
+  kept = [(aval.shape, what) for aval, what in saved if 'from the argument' not in what]
+  assert any(len(shape) == 3 and shape[-1] == cfg.num_heads * cfg.head_dim for shape, _ in kept), kept
+  per_head = [(shape, what) for shape, what in kept if len(shape) == 4 and shape[-1] == cfg.head_dim]
+  assert not per_head, per_head
 
 
 def test_each_block_is_its_own_remat_unit():

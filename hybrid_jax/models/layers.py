@@ -35,6 +35,25 @@ def param(rngs: nnx.Rngs, shape, axes, *, std: float, dtype) -> nnx.Param:
   return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype), logical_axes=tuple(axes))
 
 
+def project_heads(x, w, dtype, name: str | None = None):
+  """x [..., d] through w [d, heads, head_dim]: [..., heads, head_dim], computed as one [d, heads*head_dim] matmul
+  whose flat output is what remat keeps ('save_dots' keeps matmul outputs; `name` makes 'minimal' keep it too).
+
+  Why flat: a kept [..., heads, head_dim] tensor has head_dim as its minor dimension, which a TPU lays out in
+  128 lanes, so head_dim 64 would hold twice its bytes through the backward (docs/TPU_FIT.md).
+  """
+  w = w.astype(dtype)
+  y = x.astype(dtype) @ w.reshape(w.shape[0], -1)
+  if name is not None:
+    y = checkpoint_name(y, name)
+  return y.reshape(*x.shape[:-1], *w.shape[1:])
+
+
+def name_heads(t, name: str):
+  """t [..., heads, head_dim] named for remat as its flat [..., heads*head_dim] view (see project_heads)."""
+  return checkpoint_name(t.reshape(*t.shape[:-2], -1), name).reshape(t.shape)
+
+
 class RMSNorm(nnx.Module):
   """x / rms(x) * scale, computed in float32."""
 

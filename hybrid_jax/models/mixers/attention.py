@@ -17,7 +17,7 @@ from hybrid_jax import kernels
 from hybrid_jax.kernels.attention import xla as xla_attention
 from hybrid_jax.models import cache as cache_lib
 from hybrid_jax.models import layers
-from hybrid_jax.models.layers import checkpoint_name, dtype_of, init_stds, param, rope
+from hybrid_jax.models.layers import checkpoint_name, dtype_of, init_stds, name_heads, param, project_heads, rope
 from hybrid_jax.parallel import activations
 
 
@@ -43,15 +43,11 @@ class Attention(nnx.Module):
     self.implementation = None if impl == 'auto' else impl
 
   def _qkv(self, x, positions):
-    dt = self.dtype
-    x = x.astype(dt)
-    q = jnp.einsum('btd,dhk->bthk', x, self.wq[...].astype(dt))
-    k = jnp.einsum('btd,dhk->bthk', x, self.wk[...].astype(dt))
-    v = jnp.einsum('btd,dhk->bthk', x, self.wv[...].astype(dt))
+    q, k, v = (project_heads(x, w[...], self.dtype) for w in (self.wq, self.wk, self.wv))
     if self.spec.rope:
       q = rope(q, positions, base=self.rope_base)
       k = rope(k, positions, base=self.rope_base)
-    return (checkpoint_name(q, layers.QUERY), checkpoint_name(k, layers.KEY), checkpoint_name(v, layers.VALUE))
+    return name_heads(q, layers.QUERY), name_heads(k, layers.KEY), name_heads(v, layers.VALUE)
 
   def _out(self, o):
     return checkpoint_name(jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype)),

@@ -53,7 +53,7 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     named = recurrent.named_in
 
     def project(name, w, conv):
-      y, new_state[name] = recurrent.causal_conv_silu(named(jnp.einsum('btd,dhk->bthk', x, w[...].astype(dt))),
+      y, new_state[name] = recurrent.causal_conv_silu(recurrent.project_in(x, w, dt),
                                                       conv[...], dt, None if state is None else state[name])
       return y
 
@@ -65,6 +65,6 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
     o, new_state['scan'] = recurrent.scan(q, k, v, log_decay, beta, state=None if state is None else state['scan'],
                                           chunk_size=self.chunk_size, implementation=self.implementation)
-    gate = jax.nn.silu(named(jnp.einsum('btd,dhk->bthk', x, self.wg[...].astype(dt))).astype(jnp.float32))
+    gate = jax.nn.silu(recurrent.project_in(x, self.wg, dt).astype(jnp.float32))
     o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), new_state

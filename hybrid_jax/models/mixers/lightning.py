@@ -69,7 +69,7 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
   def _forward(self, x, state):
     dt = self.dtype
     x = x.astype(dt)
-    proj = lambda w: recurrent.named_in(jnp.einsum('btd,dhk->bthk', x, w[...].astype(dt)))
+    proj = lambda w: recurrent.project_in(x, w, dt)
     q, k, v = jax.nn.silu(proj(self.wq)), jax.nn.silu(proj(self.wk)), jax.nn.silu(proj(self.wv))
     log_decay = jnp.asarray(self.log_decay, jnp.float32)
     o, scan_state = recurrent.scan(q, k, v, log_decay, state=None if state is None else state['scan'],

@@ -51,8 +51,8 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     h, p = self.in_x.shape[-2:]
     n = self.in_b.shape[-1]
     named = recurrent.named_in
-    z = named(jnp.einsum('btd,dhp->bthp', x, self.in_z[...].astype(dt)))
-    xbc = jnp.concatenate([named(jnp.einsum('btd,dhp->bthp', x, self.in_x[...].astype(dt))).reshape(b, t, h * p),
+    z = recurrent.project_in(x, self.in_z, dt)
+    xbc = jnp.concatenate([recurrent.project_in(x, self.in_x, dt).reshape(b, t, h * p),
                            named(x @ self.in_b[...].astype(dt)), named(x @ self.in_c[...].astype(dt))], axis=-1)
     weight = jnp.concatenate([self.conv_x[...].reshape(-1, h * p), self.conv_b[...], self.conv_c[...]], axis=-1)
     xbc, conv_state = recurrent.causal_conv_silu(xbc, weight, dt, None if state is None else state['conv'])

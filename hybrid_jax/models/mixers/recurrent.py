@@ -27,6 +27,11 @@ def named_in(y):
   return checkpoint_name(y, layers.MIXER_IN)
 
 
+def project_in(x, w, dtype):
+  """A per-head input projection x [..., d] @ w [d, heads, dim], kept by 'minimal' in its flat form."""
+  return layers.project_heads(x, w[...], dtype, layers.MIXER_IN)
+
+
 def named_out(y):
   """The output projection's output, named so that remat policy 'minimal' keeps it."""
   return checkpoint_name(y, layers.MIXER_OUT)
