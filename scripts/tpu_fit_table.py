@@ -34,6 +34,8 @@ REVISIONS = {
     2: 'each block is its own remat unit',
     3: 'the estimate counts recomputed FLOPs, accumulation and collectives; the fix is the fastest that fits among '
        'optimizer-state sharding, remat minimal, FSDP, accumulation and full remat',
+    4: 'per-head projections (q/k/v, the recurrent mixers\' inputs) are kept for the backward flat, [B, T, heads * '
+       'head_dim]: kept per head, head_dim 64 took 128 lanes',
 }
 REVISION = max(REVISIONS)
 
