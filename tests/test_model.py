@@ -129,6 +129,26 @@ def test_minimal_remat_keeps_the_named_projections_only():
   named = sorted(w.split("'")[1] for w in saved if w.startswith('named'))
   assert named == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlpwi_0', 'mlpwi_1'] * 2)
   assert not any('mlpwo' in w for w in saved)
+  # Named after RoPE: what is named 'query_proj' comes from RoPE's arithmetic, not straight from the projection.
+  sources = _named_sources(jax.make_jaxpr(lambda p: model_def.bind(p)(jnp.zeros((1, 16), jnp.int32)))(params).jaxpr,
+                           'query_proj')
+  assert sources and 'dot_general' not in sources, sources
+
+
+def _named_sources(jaxpr, name):
+  """The primitives that make the values named `name` (through reshapes), in `jaxpr` and every jaxpr inside it."""
+  from jax._src import core  # pylint: disable=g-import-not-at-top
+  producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+  found = set()
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'name' and eqn.params.get('name') == name:
+      source = producer.get(eqn.invars[0])
+      while source is not None and source.primitive.name == 'reshape':
+        source = producer.get(source.invars[0])
+      found.add(source.primitive.name if source is not None else 'input')
+    for sub in core.jaxprs_in_params(eqn.params):
+      found |= _named_sources(sub, name)
+  return found
 
 
 @pytest.mark.parametrize('remat', ['save_dots', 'minimal'])
