@@ -165,6 +165,52 @@ def test_slots_get_disjoint_gpus():
   assert tpu.accelerator_type('v5p:4x4x4', 64) == 'v5p-128' and tpu.accelerator_type('v6e:4x4', 16) == 'v6e-16'
 
 
+class _StandInMember:
+
+  def train_args(self):
+    return ['train']
+
+  def command(self):
+    return 'train'
+
+
+def _cpu_list(text: str) -> set[int]:
+  """The cores of a /proc Cpus_allowed_list value such as '0-3,6'."""
+  out = set()
+  for part in text.strip().split(','):
+    lo, _, hi = part.partition('-')
+    out.update(range(int(lo), int(hi or lo) + 1))
+  return out
+
+
+def test_on_cpu_the_slots_split_the_cores_and_each_child_is_bound_to_its_share(tmp_path, monkeypatch):
+  assert local.slot_cores({0, 1, 2, 3}, [], 2) == [frozenset({0, 1}), frozenset({2, 3})]
+  assert local.slot_cores({4, 5, 6}, [], 2) == [frozenset({4}), frozenset({5, 6})]
+  assert local.slot_cores({0, 1}, ['0'], 2) == [None, None]  # On a GPU the runs share its memory instead.
+  assert local.slot_cores({0}, [], 2) == [None, None]  # Fewer cores than slots: nothing to split.
+  assert local.slot_cores({0, 1}, [], 1) == [None]
+  # A child really starts bound: a stand-in interpreter prints the cores it may run on into the run's log.
+  cores = sorted(os.sched_getaffinity(0))
+  fake_python = tmp_path / 'python'
+  fake_python.write_text('#!/bin/sh\ngrep Cpus_allowed_list /proc/self/status\n')
+  fake_python.chmod(0o755)
+  monkeypatch.setattr(local.sys, 'executable', str(fake_python))
+  backend = local.LocalBackend(parallel=2, gpus=[])
+  member = _StandInMember()
+  for slot in range(2):
+    log = tmp_path / f'slot{slot}.log'
+    backend.attempt(member, slot, log)
+    allowed = _cpu_list(log.read_text().strip().splitlines()[-1].split(':')[1])
+    if len(cores) >= 2:
+      share = sorted(backend.cores[slot])
+      assert share and set(share) <= set(cores) and allowed == set(share)
+      assert f'cpu {",".join(map(str, share))}' in log.read_text()
+    else:
+      assert allowed == set(cores)
+  if len(cores) >= 2:
+    assert not backend.cores[0] & backend.cores[1]
+
+
 class _FakeRun:
 
   def __init__(self, logged, run_id):

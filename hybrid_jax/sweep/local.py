@@ -1,11 +1,14 @@
 """The local backend: each run's `train` in a child process on this machine, `--parallel N` at a time.
 
 With several GPUs each of the N slots gets its own share of them (CUDA_VISIBLE_DEVICES), so runs never share a
-device; with one GPU the slots split its memory. A child asks the kernel for SIGTERM when the runner dies, so a
+device; with one GPU the slots split its memory; with none the slots split this process's CPU cores (each child is
+bound to its own cores, so XLA sizes its thread pool to them: two 2-thread pools on 2 cores time-share each core and
+ran 13% slower than one core each, BENCHMARKS.md). A child asks the kernel for SIGTERM when the runner dies, so a
 killed runner leaves no trainer behind: each checkpoints and exits, and the rerun resumes it.
 """
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -53,10 +56,28 @@ except (OSError, AttributeError):  # Not Linux.
   _PRCTL = None
 
 
-def _die_with_parent():
-  """In the child before exec: SIGTERM when the runner dies (prctl PR_SET_PDEATHSIG)."""
+def _start_child(cores):
+  """In the child before exec: SIGTERM when the runner dies (prctl PR_SET_PDEATHSIG), and bound to `cores` (None:
+  left as inherited)."""
   if _PRCTL is not None:
     _PRCTL(1, signal.SIGTERM)
+  if cores:
+    os.sched_setaffinity(0, cores)
+
+
+def slot_cores(cores, gpus: list[str], parallel: int) -> list[frozenset | None]:
+  """The CPU cores each slot's child is bound to: disjoint, contiguous shares of `cores` (sizes differing by at most
+  one) when the runs train on the CPU (no GPU) and there are at least as many cores as slots; None (no binding)
+  otherwise."""
+  cores = sorted(cores)
+  if gpus or parallel < 2 or len(cores) < parallel:
+    return [None] * parallel
+  bounds = [len(cores) * i // parallel for i in range(parallel + 1)]
+  return [frozenset(cores[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _available_cores() -> set[int]:
+  return os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else set()
 
 
 class LocalBackend:
@@ -66,12 +87,16 @@ class LocalBackend:
 
   def __init__(self, parallel: int = 1, gpus: list[str] | None = None):
     self.slots = parallel
-    self.envs = slot_envs(gpu_ids() if gpus is None else gpus, parallel)
+    gpus = gpu_ids() if gpus is None else gpus
+    self.envs = slot_envs(gpus, parallel)
+    self.cores = slot_cores(_available_cores(), gpus, parallel)
     self._children, self._lock, self._stopping = set(), threading.Lock(), False
 
   def where(self, slot: int) -> str:
     gpus = self.envs[slot].get('CUDA_VISIBLE_DEVICES')
-    return f'{socket.gethostname()}' + (f' gpu {gpus}' if gpus else '')
+    cores = self.cores[slot]
+    return (f'{socket.gethostname()}' + (f' gpu {gpus}' if gpus else '') +
+            (f' cpu {",".join(map(str, sorted(cores)))}' if cores else ''))
 
   def commands(self, member) -> list[str]:
     return [f'python -m hybrid_jax {member.command()}']
@@ -86,7 +111,7 @@ class LocalBackend:
           return outcome.Outcome('stopped', None, 'the sweep was stopped before this run started')
         child = subprocess.Popen([sys.executable, '-m', 'hybrid_jax', *member.train_args()], stdout=log,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                 preexec_fn=_die_with_parent)
+                                 preexec_fn=functools.partial(_start_child, self.cores[slot]))
         self._children.add(child)
       try:
         code = child.wait()
