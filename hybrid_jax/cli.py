@@ -10,7 +10,7 @@ import os
 import pathlib
 import sys
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks, command_line, host_memory
 from hybrid_jax.config import apply_overrides, load_config_file, load_run, validate
 
 DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'hybrid.py') + \
@@ -226,6 +226,7 @@ def _run_config_command(command: str, argv) -> int:
 
 
 def main(argv=None):
+  host_memory.keep_freed_memory()  # Before any array exists: on a CPU each step then reuses its buffers.
   argv = list(sys.argv if argv is None else argv)
   args = _top_parser().parse_args(argv[1:])
   if args.command in RAW_COMMANDS:

@@ -10,9 +10,11 @@ import time
 import jax
 import pytest
 
+from hybrid_jax import host_memory
 from hybrid_jax.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+host_memory.keep_freed_memory()  # As `python -m hybrid_jax` does: steps on the CPU reuse their buffers.
 
 # Many tests compile the same small programs (each builds its own jitted step, so jit's in-memory cache misses).
 # A persistent compilation cache that starts empty each session serves the repeats from disk (about a third of
