@@ -29,6 +29,7 @@ its queries (positions, distances, answers) for scoring (hybrid_jax.eval.recall)
 """
 
 import dataclasses
+import functools
 import math
 import string
 
@@ -90,7 +91,7 @@ class Settings:
   def record(self) -> int:
     return self.key_length + self.value_length
 
-  @property
+  @functools.cached_property
   def probabilities(self) -> np.ndarray:
     w = np.asarray(self.distance_weights, np.float64)
     return w / w.sum()
@@ -169,9 +170,14 @@ def _key(index: int, s: Settings) -> str:
   return ''.join(letters[(index // s.key_chars ** j) % s.key_chars] for j in range(s.key_length))
 
 
-def _room(taken: np.ndarray, start: int, s: Settings) -> bool:
-  """Whether a record starting at `start` is apart by >= 1 character from every taken cell."""
-  return not taken[max(start - 1, 0):start + s.record + 1].any()
+def _room(taken: bytearray, start: int, s: Settings) -> bool:
+  """Whether a record starting at `start` is apart by >= 1 character from every taken cell (a bytearray, not a
+  numpy array: these slices are a few cells long, where numpy's per-call cost is most of a document's)."""
+  return not any(taken[max(start - 1, 0):start + s.record + 1])
+
+
+def _take(taken: bytearray, start: int, s: Settings) -> None:
+  taken[start:start + s.record] = b'\x01' * s.record
 
 
 def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
@@ -179,7 +185,7 @@ def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
   random placement failed (the caller draws again)."""
   buckets = rng.choice(len(s.distance_ranges), size=s.pairs, p=s.probabilities)
   distances = [int(rng.integers(s.distance_ranges[b][0], s.distance_ranges[b][1] + 1)) for b in buckets]
-  taken = np.zeros(s.length + 1, bool)  # One guard cell so a record may end at the last character.
+  taken = bytearray(s.length + 1)  # One guard cell so a record may end at the last character.
   placed = [None] * s.pairs
   for j in sorted(range(s.pairs), key=lambda j: -distances[j]):  # The longest are the hardest to place.
     d = distances[j] + s.value_length - 1  # Query start - pair start.
@@ -187,7 +193,8 @@ def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
       p = int(rng.integers(0, s.length - d - s.record + 1))
       q = p + d
       if _room(taken, p, s) and _room(taken, q, s):
-        taken[p:p + s.record] = taken[q:q + s.record] = True
+        _take(taken, p, s)
+        _take(taken, q, s)
         placed[j] = (p, q)
         break
     else:
@@ -200,17 +207,19 @@ def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str]] |
   from every other record by >= 1 character. Why: with every record asked once, "the nearest record not asked yet"
   names the right one for most queries, a rule a full-attention layer can follow without matching the key (the Full
   arch learned it: BENCHMARKS.md); records nobody asks for break that rule."""
-  taken = np.zeros(s.length + 1, bool)
+  taken = bytearray(s.length + 1)
   for p, q in placed:
-    taken[p:p + s.record] = taken[q:q + s.record] = True
-  free_keys = np.setdiff1d(np.arange(s.key_chars ** s.key_length), used_keys)
+    _take(taken, p, s)
+    _take(taken, q, s)
+  used = {int(k) for k in used_keys}
+  free_keys = [k for k in range(s.key_chars ** s.key_length) if k not in used]
   keys = rng.choice(free_keys, size=s.distractors, replace=False)
   out = []
   for k in keys:
     for _ in range(64):
       p = int(rng.integers(0, s.length - s.record + 1))
       if _room(taken, p, s):
-        taken[p:p + s.record] = True
+        _take(taken, p, s)
         value = ''.join(string.digits[x] for x in rng.integers(0, s.value_chars, size=s.value_length))
         out.append((p, value + _key(int(k), s)))
         break
