@@ -5,30 +5,46 @@ serves each block above its mmap threshold (128 KiB, raised on its own to at mos
 unmaps it when freed, so every training step on a CPU faults all its temporaries in again, page by page, and the
 kernel zeroes each page. On the mini-study's model that was a fifth of the step (BENCHMARKS.md, "the mini-study's
 step on a CPU"). With the thresholds raised, blocks come from the heap and are reused; a process keeps up to
-TRIM_THRESHOLD of freed memory at the top of its heap. Results do not change: only where buffers live does.
+TRIM_THRESHOLD of freed memory at the top of its heap.
+
+That holds for the main heap only. A thread allocating in one of glibc's per-thread arenas gets a block above the
+arena heap size (64 MiB) as a fresh mapping whatever the thresholds, and XLA runs a step on whichever thread it
+picks, so a trainer could switch, mid-run, to faulting in every step's temporaries (a mini-study run went from 85
+to 150 ms a step). A process bound to one core therefore allocates from the main heap alone (M_ARENA_MAX 1): its
+threads never run at once, so they lose nothing by sharing one arena. Results do not change: only where buffers
+live does.
 """
 
 import ctypes
 import logging
+import os
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 MMAP_THRESHOLD = 1 << 30  # Blocks of at least 1 GiB are still mapped on their own (and unmapped when freed).
 TRIM_THRESHOLD = 1 << 30
 
 log = logging.getLogger(__name__)
 
 
+def _one_core() -> bool:
+  return hasattr(os, 'sched_getaffinity') and len(os.sched_getaffinity(0)) == 1
+
+
 def keep_freed_memory() -> bool:
-  """Raises glibc's mmap and trim thresholds for this process (later allocations); False where the C library has no
-  mallopt (not glibc) or refuses the values."""
+  """Raises glibc's mmap and trim thresholds for this process (later allocations) and, in a process bound to one
+  core, keeps every thread on the main heap; call it before threads start. False where the C library has no mallopt
+  (not glibc) or refuses the values."""
   try:
     mallopt = ctypes.CDLL(None).mallopt
   except (OSError, AttributeError):
     return False
   mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
   done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+  if done and _one_core():
+    done = bool(mallopt(_M_ARENA_MAX, 1))
   if not done:
-    log.info('mallopt refused the heap thresholds; freed host buffers go back to the kernel')
+    log.info('mallopt refused the heap settings; freed host buffers go back to the kernel')
   return done

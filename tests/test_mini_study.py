@@ -2,10 +2,13 @@
 
 import dataclasses
 import json
+import os
 
+import numpy as np
 import pytest
 
 from hybrid_jax.config import ConfigError, load_config_file
+from hybrid_jax.data import pipeline, recall, recall_store
 from hybrid_jax.errors import UserError
 from hybrid_jax.study import mini
 from hybrid_jax.sweep import cli as sweep_cli, members as sweep_members
@@ -53,6 +56,11 @@ def test_smoke_study_runs_end_to_end(tmp_path, capsys, monkeypatch):
   _check_report(out, 'smoke')
   printed = capsys.readouterr().out
   assert 'restricted to the last' in printed and 'NoPE on full layers:' in printed
+  # The runs' training documents were generated once, into the study's store; the environment is as it was.
+  config = mini.run_config('Full', mini.PRESETS['smoke'])
+  store = recall_store.load(out / mini.STORE_DIR, recall.settings(config.data), 'train')
+  assert np.isin(pipeline.training_document_indices(config, 4 * 2), store.indices).all()
+  assert 'training documents of seed(s) [0]' in printed and recall_store.ENV not in os.environ
   # A rerun reads finished runs (no training, no scoring); --arches keeps a subset.
   workdir = out / 'mini_full_seed0'
   before = {f: (workdir / f).read_bytes() for f in ('metrics.jsonl', 'report.json', mini.RESULT_FILE)}

@@ -9,6 +9,7 @@ packing), which is what makes that possible.
 import dataclasses
 import itertools
 import logging
+import os
 
 from absl import flags
 import grain
@@ -21,7 +22,19 @@ from hybrid_jax.data import tokenizers
 log = logging.getLogger(__name__)
 
 # Documents read ahead per stream; small because documents are long (whole files) and the model consumes ~1 per step.
-_READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=32)
+_READ_AHEAD = 32
+_READ_THREADS = 4
+
+
+def _read_options() -> grain.ReadOptions:
+  """How documents are read: by _READ_THREADS threads, or in the consuming thread when this process may run on one
+  core only (a run bound to its share of the cores, hybrid_jax.sweep.local): there the threads could only take turns
+  with the training step on that core, and switching between them cost a fifth of the input's CPU time
+  (BENCHMARKS.md, "the mini-study's step on a CPU")."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  if cores == 1:
+    return grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+  return grain.ReadOptions(num_threads=_READ_THREADS, prefetch_buffer_size=_READ_AHEAD)
 # Documents tokenized, at most, to decide whether both the long and the short side exist.
 _MIX_PROBE_DOCS = 1000
 
@@ -127,14 +140,29 @@ def _mixed_stream(tokens: grain.MapDataset, num_docs: int, data_cfg) -> grain.It
                                 'documents')
   if ratio > 0:
     if has_long and has_short:
-      long_docs = tokens.filter(_LengthFilter(min_tokens, 'long')).to_iter_dataset(_READ_OPTIONS)
-      short_docs = tokens.filter(_LengthFilter(min_tokens, 'short')).to_iter_dataset(_READ_OPTIONS)
+      long_docs = tokens.filter(_LengthFilter(min_tokens, 'long')).to_iter_dataset(_read_options())
+      short_docs = tokens.filter(_LengthFilter(min_tokens, 'short')).to_iter_dataset(_read_options())
       return grain.IterDataset.mix([long_docs, short_docs], weights=[ratio, 1.0])
     log.warning('long/short mixing disabled (data.long_short_ratio=%s): no %s documents (%s %d tokens) among the '
                 'first %d of the training stream; using a single stream', ratio,
                 'long' if not has_long else 'short', '>=' if not has_long else '<', min_tokens,
                 min(num_docs, _MIX_PROBE_DOCS))
-  return tokens.filter(_LengthFilter(0, None)).to_iter_dataset(_READ_OPTIONS)
+  return tokens.filter(_LengthFilter(0, None)).to_iter_dataset(_read_options())
+
+
+def _in_training_order(docs: grain.MapDataset, config) -> grain.MapDataset:
+  """A process's documents in the order training reads them: shuffled (seeded by config.seed), repeated."""
+  if config.data.shuffle:
+    docs = docs.shuffle(seed=int(config.seed))
+  return docs.repeat()
+
+
+def training_document_indices(config, count: int, *, process_index: int = 0, process_count: int = 1) -> np.ndarray:
+  """int64 [count]: the training-split indices of the first `count` documents that make_train_dataset reads in
+  this process, in reading order (what hybrid_jax.data.recall_store generates ahead)."""
+  n = len(sources_lib.make_source(config.data, 'train'))
+  order = _in_training_order(grain.MapDataset.range(n)[process_index::process_count], config)
+  return np.fromiter((order[j] for j in range(count)), np.int64, count)
 
 
 def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
@@ -154,9 +182,7 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
   if not len(docs):
     raise sources_lib.DataError(f'{source!r} has {len(source)} training documents: too few for process '
                                 f'{process_index} of {process_count}')
-  if d.shuffle:
-    docs = docs.shuffle(seed=int(config.seed))
-  tokens = docs.repeat().map(_Tokenize(tokenizer))
+  tokens = _in_training_order(docs, config).map(_Tokenize(tokenizer))
   stream = _mixed_stream(tokens, len(docs), d)
   batches = _pack_and_batch(stream, int(d.seq_len), config.train.batch_size // process_count)
   if d.worker_count > 0:
@@ -181,7 +207,7 @@ def make_eval_batches(config, num_batches: int) -> list[dict]:
   docs = grain.MapDataset.source(source).shuffle(seed=int(config.seed))
   tokens = docs.map(_Tokenize(tokenizer)).filter(_LengthFilter(0, None))
   seq_len, batch_size = int(d.seq_len), int(config.train.batch_size)
-  batches = list(itertools.islice(_pack_and_batch(tokens.to_iter_dataset(_READ_OPTIONS), seq_len, batch_size),
+  batches = list(itertools.islice(_pack_and_batch(tokens.to_iter_dataset(_read_options()), seq_len, batch_size),
                                   num_batches))
   if len(batches) < num_batches:
     log.warning('held-out text of %r fills only %d of %d requested eval batches (%d x %d tokens)%s', source,
@@ -189,7 +215,7 @@ def make_eval_batches(config, num_batches: int) -> list[dict]:
   if not batches:
     if all(tokens[i] is None for i in range(len(tokens))):
       raise sources_lib.DataError(f'{source!r} holds no held-out text')
-    repeated = tokens.repeat().to_iter_dataset(_READ_OPTIONS)
+    repeated = tokens.repeat().to_iter_dataset(_read_options())
     batches = list(itertools.islice(_pack_and_batch(repeated, seq_len, batch_size), 1))
   return batches
 

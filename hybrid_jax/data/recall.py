@@ -31,11 +31,13 @@ its queries (positions, distances, answers) for scoring (hybrid_jax.eval.recall)
 import dataclasses
 import functools
 import math
+import os
 import string
 
 import numpy as np
 
 from hybrid_jax.config import ConfigError
+from hybrid_jax.data import recall_store
 
 _SPLITS = {'train': 0, 'eval': 1}
 _ATTEMPTS = 100  # Layouts tried per document before the settings are called impossible.
@@ -231,7 +233,7 @@ def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str]] |
 class RecallSource:
   """Recall documents mixed with built-in text; `len`, `[i] -> str` and `document(i)` (see the module doc)."""
 
-  def __init__(self, data_cfg, split: str):
+  def __init__(self, data_cfg, split: str, use_store: bool = True):
     if split not in _SPLITS:
       raise ValueError(f"split={split!r} is invalid: use 'train' or 'eval'")
     self.settings = settings(data_cfg)
@@ -239,6 +241,8 @@ class RecallSource:
     n = self.settings.documents
     self._len = n if split == 'train' else max(1, math.ceil(n * self.eval_fraction))
     self._text = None  # The built-in corpus, opened on first use (not at all when text_fraction is 0).
+    # Documents generated ahead (hybrid_jax.data.recall_store), looked up on first use; False: none.
+    self._store = None if use_store else False
 
   def __len__(self):
     return self._len
@@ -297,11 +301,17 @@ class RecallSource:
     return ''.join(parts)[:self.settings.length]
 
   def __getitem__(self, index: int) -> str:
-    return self.document(int(index)).text
+    index = int(index)
+    if self._store is None:
+      directory = os.environ.get(recall_store.ENV)
+      self._store = (directory and recall_store.load(directory, self.settings, self.split)) or False
+    text = self._store.get(index) if self._store else None
+    return self.document(index).text if text is None else text
 
   def __getstate__(self):
     state = dict(self.__dict__)
     state['_text'] = None
+    state['_store'] = None if state['_store'] is not False else False  # Reloaded where it is used.
     return state
 
   def __repr__(self):

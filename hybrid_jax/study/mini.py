@@ -19,18 +19,22 @@ directories of the same names), so `sweep run` can train them and the study then
 does this itself, N runs at a time.
 """
 
+import contextlib
 import copy
 import dataclasses
 import json
+import os
 import pathlib
 import sys
 import time
+
+import numpy as np
 
 from hybrid_jax import checks, command_line, runs as runs_lib, training
 from hybrid_jax.analysis import callbacks
 from hybrid_jax.analysis.windowed import Restriction
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
-from hybrid_jax.data import recall as recall_data
+from hybrid_jax.data import pipeline, recall as recall_data, recall_store
 from hybrid_jax.eval import recall as recall_eval
 from hybrid_jax.study import verdicts
 from hybrid_jax.study.verdicts import pm, spread
@@ -45,6 +49,7 @@ BUCKETS = ('inside the small window', 'between the windows', 'beyond the large w
 BEYOND_CONTEXT = 'beyond the training context'
 EXTRAPOLATION_BUCKETS = BUCKETS + (BEYOND_CONTEXT,)
 RESULT_FILE = 'mini_result.json'
+STORE_DIR = 'recall_documents'  # Under the output directory: the training documents, generated once for all runs.
 SWEEP_FILE = BASE_CONFIG.parent / 'sweep.py'  # Its sweep `mini` holds the study's runs (configs/mini.py).
 
 
@@ -367,6 +372,37 @@ def train_in_parallel(preset_name: str, seeds: int, labels: list[str], out_dir: 
                             '\n'.join(lines))
 
 
+@contextlib.contextmanager
+def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pathlib.Path, workers: int,
+                     progress: bool = True):
+  """While open, every run of the study reads its training documents from one store (hybrid_jax.data.recall_store,
+  under out_dir/STORE_DIR), generated here in `workers` processes: the arches of a seed read the same documents in
+  the same order, so each document is generated once instead of once per arch. Only the seeds with a run still to
+  train are generated; runs started here inherit the store through the environment."""
+  pending = [seed for seed in range(seeds)
+             if any(_finished(out_dir / run_config(label, preset, seed).name, preset.steps) is None for label in labels)]
+  directory = out_dir / STORE_DIR
+  if pending:
+    reads = preset.steps * preset.batch_size + 4 * preset.batch_size  # The input pipeline reads a little ahead.
+    config = run_config(labels[0], preset, pending[0])
+    indices = np.concatenate([pipeline.training_document_indices(run_config(labels[0], preset, seed), reads)
+                              for seed in pending])
+    tic = time.perf_counter()
+    path = recall_store.build(config.data, 'train', indices, directory, workers)
+    if progress:
+      print(f'{len(np.unique(indices)):,} training documents of seed(s) {pending} in {path} '
+            f'({time.perf_counter() - tic:.0f} s)', flush=True)
+  before = os.environ.get(recall_store.ENV)
+  os.environ[recall_store.ENV] = str(directory)
+  try:
+    yield directory
+  finally:
+    if before is None:
+      os.environ.pop(recall_store.ENV, None)
+    else:
+      os.environ[recall_store.ENV] = before
+
+
 def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: list[str] | None = None,
               progress: bool = True, parallel: int = 1) -> dict:
   """Trains (or resumes), evaluates and reports the chosen arches (default: all four) of the preset for each seed;
@@ -380,15 +416,16 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   results, started = {}, time.perf_counter()
-  if parallel > 1:
-    train_in_parallel(preset_name, seeds, arches, out_dir, parallel, progress)
-  for seed in range(seeds):
-    for label in arches:
-      tic = time.perf_counter()
-      result = run_one(label, preset, seed, out_dir, progress)
-      results[pathlib.Path(result['workdir']).name] = result
-      if progress:
-        print(f'[{label} seed {seed}] {time.perf_counter() - tic:.0f} s', flush=True)
+  with shared_documents(preset, seeds, arches, out_dir, parallel, progress):
+    if parallel > 1:
+      train_in_parallel(preset_name, seeds, arches, out_dir, parallel, progress)
+    for seed in range(seeds):
+      for label in arches:
+        tic = time.perf_counter()
+        result = run_one(label, preset, seed, out_dir, progress)
+        results[pathlib.Path(result['workdir']).name] = result
+        if progress:
+          print(f'[{label} seed {seed}] {time.perf_counter() - tic:.0f} s', flush=True)
   report = {'preset': preset_name, 'settings': dataclasses.asdict(preset), 'seeds': list(range(seeds)),
             'arches': list(ARCHES), 'edges': preset.edges, 'buckets': list(BUCKETS), 'fine_edges': preset.fine_edges,
             'extrapolation_length': preset.extrapolation_length, 'extrapolation_edges': preset.extrapolation_edges,
