@@ -17,7 +17,8 @@ live does.
 
 import ctypes
 import logging
-import os
+
+from hybrid_jax import cores
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -27,10 +28,6 @@ MMAP_THRESHOLD = 1 << 30  # Blocks of at least 1 GiB are still mapped on their o
 TRIM_THRESHOLD = 1 << 30
 
 log = logging.getLogger(__name__)
-
-
-def _one_core() -> bool:
-  return hasattr(os, 'sched_getaffinity') and len(os.sched_getaffinity(0)) == 1
 
 
 def keep_freed_memory() -> bool:
@@ -43,7 +40,7 @@ def keep_freed_memory() -> bool:
     return False
   mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
   done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-  if done and _one_core():
+  if done and cores.count() == 1:
     done = bool(mallopt(_M_ARENA_MAX, 1))
   if not done:
     log.info('mallopt refused the heap settings; freed host buffers go back to the kernel')

@@ -6,6 +6,7 @@ import logging
 import numpy as np
 import pytest
 
+from hybrid_jax import cores
 from hybrid_jax.data import pipeline, recall, recall_store
 from tests.test_recall import recall_config
 
@@ -108,7 +109,7 @@ def test_a_store_built_by_worker_processes_equals_one_built_here(tmp_path, monke
   np.testing.assert_array_equal(two.texts, one.texts)
 
 
-@pytest.mark.parametrize('cores, threads', [({0}, 0), ({0, 1}, pipeline._READ_THREADS)])
-def test_documents_are_read_in_the_consuming_thread_on_one_core(monkeypatch, cores, threads):
-  monkeypatch.setattr(pipeline.os, 'sched_getaffinity', lambda pid: cores)
+@pytest.mark.parametrize('available, threads', [({0}, 0), ({0, 1}, pipeline._READ_THREADS)])
+def test_documents_are_read_in_the_consuming_thread_on_one_core(monkeypatch, available, threads):
+  monkeypatch.setattr(cores, 'available', lambda: available)
   assert pipeline._read_options().num_threads == threads

@@ -9,12 +9,12 @@ packing), which is what makes that possible.
 import dataclasses
 import itertools
 import logging
-import os
 
 from absl import flags
 import grain
 import numpy as np
 
+from hybrid_jax import cores
 from hybrid_jax.config import ConfigError
 from hybrid_jax.data import sources as sources_lib
 from hybrid_jax.data import tokenizers
@@ -31,8 +31,7 @@ def _read_options() -> grain.ReadOptions:
   core only (a run bound to its share of the cores, hybrid_jax.sweep.local): there the threads could only take turns
   with the training step on that core, and switching between them cost a fifth of the input's CPU time
   (BENCHMARKS.md, "the mini-study's step on a CPU")."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  if cores == 1:
+  if cores.count() == 1:
     return grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   return grain.ReadOptions(num_threads=_READ_THREADS, prefetch_buffer_size=_READ_AHEAD)
 # Documents tokenized, at most, to decide whether both the long and the short side exist.

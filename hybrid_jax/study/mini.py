@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from hybrid_jax import checks, command_line, runs as runs_lib, training
+from hybrid_jax import checks, command_line, cores, runs as runs_lib, training
 from hybrid_jax.analysis import callbacks
 from hybrid_jax.analysis.windowed import Restriction
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
@@ -373,10 +373,9 @@ def train_in_parallel(preset_name: str, seeds: int, labels: list[str], out_dir: 
 
 
 @contextlib.contextmanager
-def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pathlib.Path, workers: int,
-                     progress: bool = True):
+def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pathlib.Path, progress: bool = True):
   """While open, every run of the study reads its training documents from one store (hybrid_jax.data.recall_store,
-  under out_dir/STORE_DIR), generated here in `workers` processes: the arches of a seed read the same documents in
+  under out_dir/STORE_DIR), generated here by one process per core: the arches of a seed read the same documents in
   the same order, so each document is generated once instead of once per arch. Only the seeds with a run still to
   train are generated; runs started here inherit the store through the environment."""
   pending = [seed for seed in range(seeds)
@@ -388,7 +387,7 @@ def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pat
     indices = np.concatenate([pipeline.training_document_indices(run_config(labels[0], preset, seed), reads)
                               for seed in pending])
     tic = time.perf_counter()
-    path = recall_store.build(config.data, 'train', indices, directory, workers)
+    path = recall_store.build(config.data, 'train', indices, directory, cores.count())
     if progress:
       print(f'{len(np.unique(indices)):,} training documents of seed(s) {pending} in {path} '
             f'({time.perf_counter() - tic:.0f} s)', flush=True)
@@ -416,7 +415,7 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   results, started = {}, time.perf_counter()
-  with shared_documents(preset, seeds, arches, out_dir, parallel, progress):
+  with shared_documents(preset, seeds, arches, out_dir, progress):
     if parallel > 1:
       train_in_parallel(preset_name, seeds, arches, out_dir, parallel, progress)
     for seed in range(seeds):

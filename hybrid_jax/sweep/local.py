@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from hybrid_jax import checks
+from hybrid_jax import checks, cores
 from hybrid_jax.sweep import outcome
 
 
@@ -76,10 +76,6 @@ def slot_cores(cores, gpus: list[str], parallel: int) -> list[frozenset | None]:
   return [frozenset(cores[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
 
 
-def _available_cores() -> set[int]:
-  return os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else set()
-
-
 class LocalBackend:
   """Runs `python -m hybrid_jax train ...` here, one child per slot."""
 
@@ -89,7 +85,7 @@ class LocalBackend:
     self.slots = parallel
     gpus = gpu_ids() if gpus is None else gpus
     self.envs = slot_envs(gpus, parallel)
-    self.cores = slot_cores(_available_cores(), gpus, parallel)
+    self.cores = slot_cores(cores.available(), gpus, parallel)
     self._children, self._lock, self._stopping = set(), threading.Lock(), False
 
   def where(self, slot: int) -> str:
