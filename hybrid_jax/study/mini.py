@@ -131,7 +131,8 @@ _SMALL_MODEL = (('d_model', 64), ('num_layers', 2), ('num_heads', 8), ('num_kv_h
 _OPTIMIZER = (('weight_decay', 0.0),)
 # 6,000 steps: with distractors, 2 of 8 runs (seed 1's Full and SWA-128-NoPE) had not formed the circuit by step
 # 4,000 (0.79 / 0.34 / 0.50 and 0.91 / 0.78 / 0.67); trained to 6,000 they reach 1.00 / 1.00 / 1.00 and 0.99 / 1.00 /
-# 0.98 (BENCHMARKS.md). About 21 minutes per seed on 2 idle CPU cores (3 seeds: 11 of 12 runs at 1.00 everywhere).
+# 0.98 (BENCHMARKS.md). About 20.5 minutes per seed on 2 idle CPU cores (1,231 s; 3 seeds: 11 of 12 runs at 1.00
+# everywhere).
 PRESETS = {
     'mini': Preset(scale='tiny', seq_len=64, small_window=8, large_window=32, steps=6000, batch_size=32,
                    probe_every=250, distance_ranges=((3, 8), (12, 32), (36, 56)), seeds=1, recall=_TASK,
