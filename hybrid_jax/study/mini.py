@@ -379,8 +379,8 @@ def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pat
   under out_dir/STORE_DIR), generated here by one process per core: the arches of a seed read the same documents in
   the same order, so each document is generated once instead of once per arch. Only the seeds with a run still to
   train are generated; runs started here inherit the store through the environment."""
-  pending = [seed for seed in range(seeds)
-             if any(_finished(out_dir / run_config(label, preset, seed).name, preset.steps) is None for label in labels)]
+  pending = [seed for seed in range(seeds) if any(
+      _finished(out_dir / run_config(label, preset, seed).name, preset.steps) is None for label in labels)]
   directory = out_dir / STORE_DIR
   if pending:
     reads = preset.steps * preset.batch_size + 4 * preset.batch_size  # The input pipeline reads a little ahead.
