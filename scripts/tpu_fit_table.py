@@ -50,6 +50,13 @@ def main(argv=None):
   p.add_argument('--contexts', default=','.join(CONTEXTS))
   p.add_argument('--render-only', action='store_true', help='rewrite OUT from OUT.json; compile nothing')
   args = p.parse_args(argv)
+  chosen = {}
+  for flag, allowed in (('archs', hybrid.ARCHES), ('scales', TOPOLOGIES['v5p']), ('chips', TOPOLOGIES),
+                        ('contexts', CONTEXTS)):
+    chosen[flag] = getattr(args, flag).split(',')
+    unknown = [item for item in chosen[flag] if item not in allowed]
+    if unknown:
+      p.error(f'--{flag}: {", ".join(map(repr, unknown))} not among {", ".join(allowed)}')
   from hybrid_jax.config import load_config_file, validate
   from hybrid_jax.compile_check import fit as compile_check
   out = pathlib.Path(args.out)
@@ -58,12 +65,12 @@ def main(argv=None):
   current = {_key(r) for r in rows if _revision(r) == REVISION}
   targets = {}
   grid = len(hybrid.ARCHES) * len(TOPOLOGIES) * (len(TOPOLOGIES['v5p']) + len(EXTENDED_SCALES))
-  for context in ([] if args.render_only else args.contexts.split(',')):
-    for scale in args.scales.split(','):
+  for context in ([] if args.render_only else chosen['contexts']):
+    for scale in chosen['scales']:
       if context != '16k' and scale not in EXTENDED_SCALES:
         continue
-      for arch in args.archs.split(','):
-        for chip in args.chips.split(','):
+      for arch in chosen['archs']:
+        for chip in chosen['chips']:
           topology = TOPOLOGIES[chip][scale]
           seq_len, context_args = CONTEXTS[context]
           config = validate(load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}{context_args}'))

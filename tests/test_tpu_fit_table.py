@@ -5,6 +5,8 @@ import importlib.util
 import json
 import re
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -75,6 +77,17 @@ def test_each_context_names_the_sequence_length_its_config_sets():
   for context, (seq_len, context_args) in _script().CONTEXTS.items():
     config = load_config_file(f'{ROOT}/configs/hybrid.py:arch=swa128,scale=s5{context_args}')
     assert config.data.seq_len == seq_len, context
+
+
+@pytest.mark.parametrize('flag, value', [('--contexts', '16384'), ('--archs', 'full,mamba3'), ('--scales', 's6'),
+                                         ('--chips', 'v4')])
+def test_an_unknown_list_item_is_named_with_the_allowed_ones(tmp_path, capsys, flag, value):
+  with pytest.raises(SystemExit) as stopped:
+    _script().main(['--out', str(tmp_path / 'FIT.md'), flag, value])
+  assert stopped.value.code == 2
+  bad = value.split(',')[-1]
+  assert f"{flag}: '{bad}' not among" in capsys.readouterr().err
+  assert not (tmp_path / 'FIT.json').exists()
 
 
 def _compiled(arch, scale, target, revision=None):
