@@ -2,6 +2,7 @@
 
 import itertools
 import logging
+import pickle
 
 import numpy as np
 import pytest
@@ -66,7 +67,9 @@ def test_the_source_serves_stored_text_and_only_its_own_settings_split(tmp_path,
   fields['texts'][0] = np.frombuffer(b'Z' * settings.length, np.uint8)  # Marks document 5 as read from the store.
   np.savez(path, **fields)
   monkeypatch.setenv(recall_store.ENV, str(tmp_path))
-  assert recall.RecallSource(config.data, 'train')[5] == 'Z' * settings.length
+  source = recall.RecallSource(config.data, 'train')
+  assert source[5] == 'Z' * settings.length
+  assert pickle.loads(pickle.dumps(source))[5] == 'Z' * settings.length  # As grain's worker processes get it.
   assert recall.RecallSource(config.data, 'train')[9] == _generated(config)[9]
   assert recall.RecallSource(config.data, 'eval')[5] == _generated(config, 'eval')[5]  # Other split: no store.
   other = _config(seed=7)

@@ -311,7 +311,8 @@ class RecallSource:
   def __getstate__(self):
     state = dict(self.__dict__)
     state['_text'] = None
-    state['_store'] = None if state['_store'] is not False else False  # Reloaded where it is used.
+    if state['_store'] is not False:
+      state['_store'] = None  # Looked up again where the copy is used.
     return state
 
   def __repr__(self):
