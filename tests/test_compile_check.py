@@ -153,6 +153,20 @@ def test_the_recommendation_is_the_fastest_fix_that_fits_not_the_first(monkeypat
   assert cell.startswith('**grad_accum=2** (others: remat=minimal: fits 1.0 GB, 2.000 s;')
 
 
+def test_fsdp_with_accumulation_is_offered_before_any_full_recompute():
+  """Where the sharded optimizer with accumulation is just over the limit (S5 at 32K on v6e:4x8), FSDP shards the
+  parameters too; with accumulation it may fit without recomputing the forward, so it is a candidate and comes
+  before every remat='full' one."""
+  config = tiny()
+  config.model.remat = 'save_dots'
+  offered = compile_check.candidates(config, per_chip=2, data_ways=4)
+  fsdp_accum = {'parallel.data': 1, 'parallel.fsdp': -1, 'train.grad_accum': 2}
+  assert fsdp_accum in offered
+  first_full = min(i for i, o in enumerate(offered) if o.get('model.remat') == 'full')
+  assert offered.index(fsdp_accum) < first_full
+  assert fsdp_accum not in compile_check.candidates(config, per_chip=2, data_ways=1)  # One data-parallel chip.
+
+
 @pytest.fixture(scope='module')
 def tpu():
   try:

@@ -161,8 +161,9 @@ def _describe(overrides: dict, per_chip: int) -> str:
 def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
   """The changes that make a step need less memory per chip, as config overrides, those that change least first
   (compile-check's order for ties): optimizer state over the data-parallel chips, remat 'minimal', both; FSDP over
-  every chip, alone and with 'minimal' (offered to steps without remat); gradient accumulation (2 alone, then each power of two up to one sequence
-  per chip with the cheap changes); full remat; FSDP with full remat and the most accumulation."""
+  every chip, alone and with 'minimal' (offered to steps without remat); gradient accumulation (2 alone, then each
+  power of two up to one sequence per chip with the cheap changes, then with FSDP); full remat; FSDP with full remat
+  and the most accumulation."""
   accum, remat = int(config.train.grad_accum), config.model.remat
   shard = {'parallel.shard_optimizer': True} if data_ways > 1 and not config.parallel.shard_optimizer else {}
   # 'minimal' saves no more than 'save_dots' (BENCHMARKS.md: 35.6 against 35.5 GB for S1 full on v5p), so it is
@@ -177,6 +178,9 @@ def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
   out = [shard, minimal, {**shard, **minimal}, fsdp, fsdp and {**fsdp, **minimal}]
   out += [{'train.grad_accum': steps[0]}] if steps else []
   out += [{**shard, **minimal, 'train.grad_accum': a} for a in steps]
+  # FSDP also shards the parameters: with accumulation it can fit where the sharded optimizer with accumulation is
+  # just over (S5 at 32K on v6e:4x8), without recomputing the forward.
+  out += [fsdp and {**fsdp, **minimal, 'train.grad_accum': a} for a in steps]
   deepest = {'train.grad_accum': steps[-1]} if steps else {}
   if remat != 'full':
     out += [{**shard, 'model.remat': 'full'}, {**shard, **deepest, 'model.remat': 'full'}]
