@@ -131,7 +131,7 @@ _SMALL_MODEL = (('d_model', 64), ('num_layers', 2), ('num_heads', 8), ('num_kv_h
 _OPTIMIZER = (('weight_decay', 0.0),)
 # 6,000 steps: with distractors, 2 of 8 runs (seed 1's Full and SWA-128-NoPE) had not formed the circuit by step
 # 4,000 (0.79 / 0.34 / 0.50 and 0.91 / 0.78 / 0.67); trained to 6,000 they reach 1.00 / 1.00 / 1.00 and 0.99 / 1.00 /
-# 0.98 (BENCHMARKS.md). About 20.5 minutes per seed on 2 idle CPU cores (1,231 s; 3 seeds: 11 of 12 runs at 1.00
+# 0.98 (BENCHMARKS.md). 17–21 minutes per seed on 2 idle CPU cores (1,042–1,231 s, by the host's speed; 3 seeds: 11 of 12 runs at 1.00
 # everywhere).
 PRESETS = {
     'mini': Preset(scale='tiny', seq_len=64, small_window=8, large_window=32, steps=6000, batch_size=32,
@@ -379,18 +379,22 @@ def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pat
   under out_dir/STORE_DIR), generated here by one process per core: the arches of a seed read the same documents in
   the same order, so each document is generated once instead of once per arch. Only the seeds with a run still to
   train are generated; runs started here inherit the store through the environment."""
-  pending = [seed for seed in range(seeds) if any(
-      _finished(out_dir / run_config(label, preset, seed).name, preset.steps) is None for label in labels)]
+  pending = {}  # Seed -> the config of one of its runs still to train (the arches of a seed read the same order).
+  for seed in range(seeds):
+    for label in labels:
+      config = run_config(label, preset, seed)
+      if _finished(out_dir / config.name, preset.steps) is None:
+        pending[seed] = config
+        break
   directory = out_dir / STORE_DIR
   if pending:
     reads = preset.steps * preset.batch_size + 4 * preset.batch_size  # The input pipeline reads a little ahead.
-    config = run_config(labels[0], preset, pending[0])
-    indices = np.concatenate([pipeline.training_document_indices(run_config(labels[0], preset, seed), reads)
-                              for seed in pending])
+    indices = np.concatenate([pipeline.training_document_indices(config, reads) for config in pending.values()])
     tic = time.perf_counter()
-    path = recall_store.build(config.data, 'train', indices, directory, cores.count())
+    data = next(iter(pending.values())).data  # The seed is not a data setting: one store serves every seed.
+    path = recall_store.build(data, 'train', indices, directory, cores.count())
     if progress:
-      print(f'{len(np.unique(indices)):,} training documents of seed(s) {pending} in {path} '
+      print(f'{len(np.unique(indices)):,} training documents of seed(s) {list(pending)} in {path} '
             f'({time.perf_counter() - tic:.0f} s)', flush=True)
   before = os.environ.get(recall_store.ENV)
   os.environ[recall_store.ENV] = str(directory)
