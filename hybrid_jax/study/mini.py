@@ -131,8 +131,8 @@ _SMALL_MODEL = (('d_model', 64), ('num_layers', 2), ('num_heads', 8), ('num_kv_h
 _OPTIMIZER = (('weight_decay', 0.0),)
 # 6,000 steps: with distractors, 2 of 8 runs (seed 1's Full and SWA-128-NoPE) had not formed the circuit by step
 # 4,000 (0.79 / 0.34 / 0.50 and 0.91 / 0.78 / 0.67); trained to 6,000 they reach 1.00 / 1.00 / 1.00 and 0.99 / 1.00 /
-# 0.98 (BENCHMARKS.md). 17–21 minutes per seed on 2 idle CPU cores (1,042–1,231 s, by the host's speed; 3 seeds: 11 of 12 runs at 1.00
-# everywhere).
+# 0.98 (BENCHMARKS.md). 17–21 minutes per seed on 2 idle CPU cores (1,042–1,231 s, by the host's speed; 3 seeds:
+# 11 of 12 runs at 1.00 everywhere).
 PRESETS = {
     'mini': Preset(scale='tiny', seq_len=64, small_window=8, large_window=32, steps=6000, batch_size=32,
                    probe_every=250, distance_ranges=((3, 8), (12, 32), (36, 56)), seeds=1, recall=_TASK,
@@ -389,7 +389,8 @@ def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pat
   directory = out_dir / STORE_DIR
   if pending:
     reads = preset.steps * preset.batch_size + 4 * preset.batch_size  # The input pipeline reads a little ahead.
-    indices = np.concatenate([pipeline.training_document_indices(config, reads) for config in pending.values()])
+    indices = np.concatenate([pipeline.training_document_indices(seed_config, reads)
+                              for seed_config in pending.values()])
     tic = time.perf_counter()
     data = next(iter(pending.values())).data  # The seed is not a data setting: one store serves every seed.
     path = recall_store.build(data, 'train', indices, directory, cores.count())
