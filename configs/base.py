@@ -53,7 +53,8 @@ def get_config(arg=None):
   m.param_dtype = 'float32'  # Master weights.
   m.scan_layers = False  # Scan over repeats of the layer cycle: compile time flat in depth.
   # Rematerialisation of each block: 'none' | 'full' | 'save_dots' (keep matmul outputs) | 'minimal' (keep the
-  # named matmul outputs the backward needs: q/k after RoPE, v, projections in, mixer out, MLP gate and up).
+  # named matmul outputs the backward needs: q/k after RoPE, v, projections in, mixer out, MLP gate and up) |
+  # 'recompute_mlp' (what 'minimal' keeps but the MLP's gate and up, which are recomputed: the largest kept tensors).
   m.remat = 'none'
   m.attention_implementation = 'auto'  # 'auto' | 'xla' | 'reference' | 'cudnn' | 'pallas_gpu' | 'pallas_tpu'.
   # Recurrent mixers (cycle kinds 'lightning', 'mamba2', 'gdn'). Inner shapes are chosen per scale in

@@ -28,7 +28,7 @@ RECURRENT_SHAPE_FIELDS = {
     'mamba2': ('num_heads', 'head_dim', 'state_dim', 'conv_width'),
     'gdn': ('num_heads', 'key_dim', 'value_dim', 'conv_width'),
 }
-REMAT_POLICIES = ('none', 'full', 'save_dots', 'minimal')
+REMAT_POLICIES = ('none', 'full', 'save_dots', 'minimal', 'recompute_mlp')
 SCHEDULES = ('wsd', 'cosine', 'constant')
 SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
 DTYPES = ('float32', 'bfloat16', 'float16')

@@ -36,6 +36,8 @@ REVISIONS = {
        'optimizer-state sharding, remat minimal, FSDP, accumulation and full remat',
     4: 'per-head projections (q/k/v, the recurrent mixers\' inputs) are kept for the backward flat, [B, T, heads * '
        'head_dim]: kept per head, head_dim 64 took 128 lanes',
+    5: 'remat recompute_mlp (recomputes the MLP\'s gate and up projections, keeps the mixers\') is offered before '
+       'full; full\'s estimate no longer counts the MLP\'s down projection, which XLA never recomputes',
 }
 REVISION = max(REVISIONS)
 

@@ -13,7 +13,7 @@ from hybrid_jax.config import validate
 from hybrid_jax.compile_check import estimate as estimate_lib, fit as compile_check
 from hybrid_jax.models import flops
 from hybrid_jax.parallel import chips, mesh as mesh_lib
-from hybrid_jax.train import state as state_lib
+from hybrid_jax.train import state as state_lib, step as step_lib
 from tests.conftest import ROOT, study_config
 
 
@@ -99,17 +99,40 @@ def _estimate(config, xla_bytes=0.0, param_bytes=0, mesh=None):
 
 def test_the_estimate_of_full_remat_exceeds_no_recompute_by_the_recomputed_flops():
   """Per sequence of 128 tokens and per block, counted by hand: projections 2 x 128 x (2 x 64 x 64 + 2 x 64 x 32)
-  = 3,145,728; attention 4 x 64 x 128 x 129 / 2 = 2,113,536; MLP 2 x 128 x 3 x 64 x 128 = 6,291,456. Full remat
-  runs both blocks' forward again: 2 x 11,550,720 x 8 sequences = 184,811,520 FLOPs, at 1 TFLOP/s."""
+  = 3,145,728; attention 4 x 64 x 128 x 129 / 2 = 2,113,536; the MLP's gate and up 2 x 128 x 2 x 64 x 128 =
+  4,194,304 (its down projection is never run again). Full remat runs both blocks' mixer and MLP input again:
+  2 x 9,453,568 x 8 sequences = 151,257,088 FLOPs, at 1 TFLOP/s."""
   none, full = _estimate(_full_attention('none')), _estimate(_full_attention('full'))
-  assert none['recomputed_flops_per_chip'] == 0 and full['recomputed_flops_per_chip'] == 184_811_520
-  assert full['step_s'] - none['step_s'] == pytest.approx(184_811_520 / 1e12)
+  assert none['recomputed_flops_per_chip'] == 0 and full['recomputed_flops_per_chip'] == 151_257_088
+  assert full['step_s'] - none['step_s'] == pytest.approx(151_257_088 / 1e12)
   assert full['model_flops_per_chip'] == none['model_flops_per_chip']  # Model FLOPs (MFU's) do not change.
   # save_dots and minimal keep the projections' outputs: only the attention kernels run again (2 x 2,113,536 x 8).
   for policy in ('save_dots', 'minimal'):
     assert _estimate(_full_attention(policy))['recomputed_flops_per_chip'] == 33_816_576
+  # recompute_mlp runs the attention kernels and the MLP's gate and up again: 2 x 6,307,840 x 8.
+  assert _estimate(_full_attention('recompute_mlp'))['recomputed_flops_per_chip'] == 100_925_440
   # A chunked loss recomputes each chunk's logits: the LM head, 2 x 128 x 64 x 256 x 8 = 33,554,432.
   assert _estimate(_full_attention('none', loss_chunk=64))['recomputed_flops_per_chip'] == 33_554_432
+
+
+def test_the_matmuls_the_recompute_model_counts_are_those_xla_runs_again():
+  """The compiled gradient of the two blocks (XLA attention on the host) has, per block, 2 more matmuls under
+  'recompute_mlp' than under 'save_dots' (gate, up) and 6 more under 'full' (q, k, v, out, gate, up: never the
+  down projection), as flops.RECOMPUTED_PARTS says; 'save_dots' has 2 more than no remat (the attention core)."""
+  def dots(remat):
+    config = _full_attention(remat)
+    config.model.scan_layers = False
+    model_def, params = state_lib.init_model(config.model, 0)
+    tokens = jax.numpy.zeros((8, 128), jax.numpy.int32)
+    loss = lambda p: step_lib.sequence_nll(model_def.bind(p), tokens, tokens)[0].mean()
+    return jax.jit(jax.grad(loss)).lower(params).compile().as_text().count(' dot(')
+  counts = {remat: dots(remat) for remat in ('none', 'save_dots', 'recompute_mlp', 'full')}
+  assert counts['save_dots'] - counts['none'] == 2 * 2
+  assert counts['recompute_mlp'] - counts['save_dots'] == 2 * 2
+  assert counts['full'] - counts['save_dots'] == 2 * 6
+  parts = flops.RECOMPUTED_PARTS
+  assert set(parts['recompute_mlp']) - set(parts['save_dots']) == {'mlp_in'}
+  assert set(parts['full']) - set(parts['save_dots']) == {'projections', 'mlp_in'}
 
 
 def test_collectives_and_accumulation_are_priced():
@@ -165,6 +188,50 @@ def test_fsdp_with_accumulation_is_offered_before_any_full_recompute():
   first_full = min(i for i, o in enumerate(offered) if o.get('model.remat') == 'full')
   assert offered.index(fsdp_accum) < first_full
   assert fsdp_accum not in compile_check.candidates(config, per_chip=2, data_ways=1)  # One data-parallel chip.
+
+
+def test_recompute_mlp_is_offered_after_every_change_without_recompute_and_before_full():
+  """A save_dots step (S5's default) gets remat 'recompute_mlp' with the sharded optimizer and with FSDP, alone and
+  with the most accumulation, after every change that recomputes nothing and before any full remat; a step already
+  at 'full' gets neither."""
+  config = tiny()
+  config.model.remat = 'save_dots'
+  offered = compile_check.candidates(config, per_chip=2, data_ways=4)
+  recompute = [i for i, o in enumerate(offered) if o.get('model.remat') == 'recompute_mlp']
+  full = [i for i, o in enumerate(offered) if o.get('model.remat') == 'full']
+  without = [i for i, o in enumerate(offered) if 'model.remat' not in o]
+  assert recompute and full and max(without) < min(recompute) and max(recompute) < min(full)
+  assert {'parallel.data': 1, 'parallel.fsdp': -1, 'train.grad_accum': 2, 'model.remat': 'recompute_mlp'} in offered
+  assert {'parallel.shard_optimizer': True, 'model.remat': 'recompute_mlp'} in offered
+  config.model.remat = 'full'
+  assert not any('model.remat' in o for o in compile_check.candidates(config, per_chip=2, data_ways=4))
+
+
+def test_a_remat_policy_that_did_not_fit_rules_out_those_that_save_less():
+  """A change with 'recompute_mlp' saves at least what the same change with 'minimal' saves, and 'full' at least
+  what 'recompute_mlp' saves; 'minimal' and 'save_dots' keep the same bytes, so neither rules out the other."""
+  shard = {'parallel.shard_optimizer': True, 'train.grad_accum': 2}
+  with_remat = lambda policy: {**shard, 'model.remat': policy}
+  assert compile_check._dominates(with_remat('recompute_mlp'), with_remat('minimal'))
+  assert compile_check._dominates(with_remat('full'), with_remat('recompute_mlp'))
+  assert not compile_check._dominates(with_remat('minimal'), with_remat('recompute_mlp'))
+  assert not compile_check._dominates(with_remat('save_dots'), with_remat('minimal'))
+  assert not compile_check._dominates(shard, with_remat('recompute_mlp'))
+
+
+def test_the_recommendation_prefers_recomputing_the_mlp_to_recomputing_everything(monkeypatch):
+  """Stand-in compiles of a save_dots step: nothing fits without recompute, 'recompute_mlp' fits at 1.5 s and
+  'full' at 2 s; the recommendation is 'recompute_mlp', with 'full' among the changes tried."""
+  def compile_step(config, target, memory_limit=None):
+    remat = config.model.remat
+    return {'fits': remat in ('recompute_mlp', 'full'), 'per_device_bytes': {'peak': 10**9},
+            'estimate': {'step_s': {'recompute_mlp': 1.5, 'full': 2.0}.get(remat, 1.0)}}
+  monkeypatch.setattr(compile_check, 'compile_step', compile_step)
+  config = tiny()
+  config.model.remat = 'save_dots'
+  fix = compile_check.recommend(config, _StandInTarget('stand-in', CPU.devices))
+  assert fix['overrides'].get('model.remat') == 'recompute_mlp' and fix['estimate']['step_s'] == 1.5
+  assert any(t['overrides'].get('model.remat') == 'full' for t in fix['tried'])
 
 
 @pytest.fixture(scope='module')

@@ -96,15 +96,16 @@ def test_scanned_stack_computes_the_unrolled_function(remat):
                              g_unrolled['tail'][3]['mlp']['down'], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize('policy', ['minimal', 'recompute_mlp'])
 @pytest.mark.parametrize('arch', ['swa128', 'lightning', 'mamba2', 'gdn'])
-def test_minimal_remat_gives_the_loss_and_gradients_of_no_remat(arch):
-  """Remat 'minimal' (a scanned stack, float32) computes the same loss and gradients as no remat, for attention and
-  each recurrent mixer."""
+def test_named_remat_policies_give_the_loss_and_gradients_of_no_remat(arch, policy):
+  """Remat 'minimal' and 'recompute_mlp' (a scanned stack, float32) compute the same loss and gradients as no
+  remat, for attention and each recurrent mixer."""
   cfg = small_config(arch, num_layers=4, scan_layers=True, dtype='float32').model
   model_def, params = state_lib.init_model(cfg, 0)
-  minimal_cfg = cfg.copy_and_resolve_references()
-  minimal_cfg.remat = 'minimal'
-  minimal_def, _ = state_lib.init_model(minimal_cfg, 0)
+  policy_cfg = cfg.copy_and_resolve_references()
+  policy_cfg.remat = policy
+  policy_def, _ = state_lib.init_model(policy_cfg, 0)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 32)))
 
   def loss(def_, p):
@@ -112,23 +113,35 @@ def test_minimal_remat_gives_the_loss_and_gradients_of_no_remat(arch):
     return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tokens[..., None], -1)[..., 0])
 
   (l0, g0), (l1, g1) = (jax.jit(jax.value_and_grad(lambda p, d=d: loss(d, p)))(params)
-                        for d in (model_def, minimal_def))
+                        for d in (model_def, policy_def))
   assert float(l0) == pytest.approx(float(l1), rel=1e-6)
   for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def _saved_by(arch, remat):
+  """What the backward of a 2-block model keeps under `remat` (jax's description of each saved residual)."""
+  from jax._src.ad_checkpoint import saved_residuals
+  cfg = small_config(arch, num_layers=2, remat=remat, dtype='float32').model
+  model_def, params = state_lib.init_model(cfg, 0)
+  return [what for _, what in saved_residuals(lambda p: jnp.sum(model_def.bind(p)(jnp.zeros((1, 16), jnp.int32))),
+                                              params)]
+
+
 def test_minimal_remat_keeps_the_named_projections_only():
   """What the backward keeps under 'minimal': q/k after RoPE, v, the mixer's output, the MLP's gate and up, each
-  block's input; not the MLP's down projection, which only the block's output needs."""
-  from jax._src.ad_checkpoint import saved_residuals
-  cfg = small_config('swa128', num_layers=2, remat='minimal', dtype='float32').model
-  model_def, params = state_lib.init_model(cfg, 0)
-  saved = [what for _, what in saved_residuals(lambda p: jnp.sum(model_def.bind(p)(jnp.zeros((1, 16), jnp.int32))),
-                                               params)]
+  block's input; not the MLP's down projection, which only the block's output needs. 'recompute_mlp' keeps the
+  same but the MLP's gate and up."""
+  saved = _saved_by('swa128', 'minimal')
   named = sorted(w.split("'")[1] for w in saved if w.startswith('named'))
   assert named == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlpwi_0', 'mlpwi_1'] * 2)
   assert not any('mlpwo' in w for w in saved)
+  saved = _saved_by('swa128', 'recompute_mlp')
+  named = sorted(w.split("'")[1] for w in saved if w.startswith('named'))
+  assert named == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj'] * 2)
+  assert not any('mlpw' in w for w in saved)
+  cfg = small_config('swa128', num_layers=2, remat='minimal', dtype='float32').model
+  model_def, params = state_lib.init_model(cfg, 0)
   # Named after RoPE: what is named 'query_proj' comes from RoPE's arithmetic, not straight from the projection.
   sources = _named_sources(jax.make_jaxpr(lambda p: model_def.bind(p)(jnp.zeros((1, 16), jnp.int32)))(params).jaxpr,
                            'query_proj')
@@ -151,7 +164,7 @@ def _named_sources(jaxpr, name):
   return found
 
 
-@pytest.mark.parametrize('remat', ['save_dots', 'minimal'])
+@pytest.mark.parametrize('remat', ['save_dots', 'minimal', 'recompute_mlp'])
 @pytest.mark.parametrize('arch', ['swa128', 'lightning', 'mamba2', 'gdn'])
 def test_kept_projections_are_flat_not_per_head(arch, remat):
   """What remat keeps of a per-head projection is [B, T, heads*head_dim], never [B, T, heads, head_dim]: a TPU pads

@@ -162,8 +162,9 @@ def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
   """The changes that make a step need less memory per chip, as config overrides, those that change least first
   (compile-check's order for ties): optimizer state over the data-parallel chips, remat 'minimal', both; FSDP over
   every chip, alone and with 'minimal' (offered to steps without remat); gradient accumulation (2 alone, then each
-  power of two up to one sequence per chip with the cheap changes, then with FSDP); full remat; FSDP with full remat
-  and the most accumulation."""
+  power of two up to one sequence per chip with the cheap changes, then with FSDP); remat 'recompute_mlp' with the
+  sharded optimizer or FSDP, without and with the most accumulation; full remat; FSDP with full remat and the most
+  accumulation."""
   accum, remat = int(config.train.grad_accum), config.model.remat
   shard = {'parallel.shard_optimizer': True} if data_ways > 1 and not config.parallel.shard_optimizer else {}
   # 'minimal' saves no more than 'save_dots' (BENCHMARKS.md: 35.6 against 35.5 GB for S1 full on v5p), so it is
@@ -182,9 +183,11 @@ def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
   # just over (S5 at 32K on v6e:4x8), without recomputing the forward.
   out += [fsdp and {**fsdp, **minimal, 'train.grad_accum': a} for a in steps]
   deepest = {'train.grad_accum': steps[-1]} if steps else {}
-  if remat != 'full':
-    out += [{**shard, 'model.remat': 'full'}, {**shard, **deepest, 'model.remat': 'full'}]
-    out += [fsdp and {**fsdp, **deepest, 'model.remat': 'full'}]
+  for policy in [p for p in ('recompute_mlp', 'full') if REMAT_SAVINGS[p] > REMAT_SAVINGS.get(remat, 0)]:
+    # Recomputing costs FLOPs, so it comes after every change that does not; 'recompute_mlp' (the MLP's gate and up
+    # only) before 'full' (the whole forward).
+    change = {'model.remat': policy}
+    out += [{**shard, **change}, {**shard, **deepest, **change}, fsdp and {**fsdp, **deepest, **change}]
   unique = []
   for o in out:
     if o and o not in unique:
@@ -192,15 +195,22 @@ def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
   return unique
 
 
+# How much activation memory each remat policy saves, in order: a policy saves at least what every policy of a
+# lower rank saves. 'minimal' and 'save_dots' keep the same bytes (q/k after RoPE against before); 'recompute_mlp'
+# keeps 'minimal's tensors but the MLP's; 'full' keeps none.
+REMAT_SAVINGS = {'none': 0, 'save_dots': 1, 'minimal': 1, 'recompute_mlp': 2, 'full': 3}
+
+
 def _dominates(a: dict, b: dict) -> bool:
-  """Whether change `a` saves at least the memory that `b` saves: every change of `b` is in `a` (remat 'full'
-  counts as 'minimal', FSDP as the sharded optimizer), with at least as many accumulation steps."""
+  """Whether change `a` saves at least the memory that `b` saves: every change of `b` is in `a` (a remat policy
+  counts for one that saves no more, by REMAT_SAVINGS; FSDP counts as the sharded optimizer), with at least as many
+  accumulation steps."""
   for key, value in b.items():
     if key == 'train.grad_accum':
       if a.get(key, 1) < value:
         return False
     elif key == 'model.remat':
-      if a.get(key) not in (value, 'full'):
+      if a.get(key) != value and REMAT_SAVINGS.get(a.get(key), -1) <= REMAT_SAVINGS[value]:
         return False
     elif key == 'parallel.shard_optimizer':
       if not (a.get(key) or a.get('parallel.fsdp') == -1):
@@ -216,7 +226,7 @@ def pick(tried: list[dict]) -> dict | None:
   return min(fitting, key=lambda t: t['estimate']['step_s'] if t.get('estimate') else math.inf, default=None)
 
 
-def recommend(config, target: Target, memory_limit=None, max_compiles: int = 6) -> dict:
+def recommend(config, target: Target, memory_limit=None, max_compiles: int = 8) -> dict:
   """Every candidate change (`candidates`) priced before compiling (the estimate without its memory term, a lower
   bound), then compiled cheapest first, skipping those that cannot beat the best fit so far and those that save
   less than one that did not fit, until `max_compiles` are spent; of those that fit, the lowest estimate (`pick`).

@@ -124,7 +124,9 @@ def layer_flops(cfg, spec: pattern.LayerSpec, seq_len: int) -> dict:
   parts = _PARTS[spec.kind](cfg, spec, seq_len)
   mlp = 2 * seq_len * 3 * cfg.d_model * cfg.d_ff
   mixer = parts['projections'] + parts['core'] + parts['conv']
-  return {'kind': spec.kind, 'window': spec.window, **parts, 'mixer': mixer, 'mlp': mlp, 'total': mixer + mlp}
+  # mlp_in: the gate and up projections, 2 of the MLP's 3 matmuls (what remat runs again of it).
+  return {'kind': spec.kind, 'window': spec.window, **parts, 'mixer': mixer, 'mlp': mlp,
+          'mlp_in': 2 * mlp // 3, 'total': mixer + mlp}
 
 
 def model_flops(cfg, seq_len: int) -> dict:
@@ -157,11 +159,12 @@ def training_flops_per_token(cfg, seq_len: int) -> float:
 
 # The forward parts (layer_flops keys) each remat policy (hybrid_jax.models.model) computes again in the backward.
 # 'save_dots' and 'minimal' keep the weight matmuls' outputs, so only what is not a weight matmul runs again: the
-# attention and scan kernels (custom calls, never saved) and the convs. 'full' keeps nothing but the block input.
-# (Matmuls whose outputs neither keeps, e.g. the MLP's down projection under 'minimal', feed only the block's output,
-# which the backward does not need, so they are not recomputed either.)
+# attention and scan kernels (custom calls, never saved) and the convs. 'recompute_mlp' also runs the MLP's gate and
+# up again; 'full' keeps nothing but the block input, so every mixer part and the gate and up run again. Never the
+# MLP's down projection: its output feeds only the block's output, which no backward needs (XLA's FLOPs of a
+# two-block gradient under 'full' count 6 more matmuls per block than under 'save_dots', not 7).
 RECOMPUTED_PARTS = {'none': (), 'save_dots': ('core', 'conv'), 'minimal': ('core', 'conv'),
-                    'full': ('projections', 'core', 'conv', 'mlp')}
+                    'recompute_mlp': ('core', 'conv', 'mlp_in'), 'full': ('projections', 'core', 'conv', 'mlp_in')}
 
 
 def recomputed_flops_per_token(cfg, seq_len: int, loss_chunk: int = 0) -> float:
