@@ -120,12 +120,17 @@ def test_named_remat_policies_give_the_loss_and_gradients_of_no_remat(arch, poli
 
 
 def _saved_by(arch, remat):
-  """What the backward of a 2-block model keeps under `remat` (jax's description of each saved residual)."""
+  """What the backward of a 2-block model keeps under `remat`: (shape, jax's description) of each saved residual."""
   from jax._src.ad_checkpoint import saved_residuals
   cfg = small_config(arch, num_layers=2, remat=remat, dtype='float32').model
   model_def, params = state_lib.init_model(cfg, 0)
-  return [what for _, what in saved_residuals(lambda p: jnp.sum(model_def.bind(p)(jnp.zeros((1, 16), jnp.int32))),
-                                              params)]
+  saved = saved_residuals(lambda p: jnp.sum(model_def.bind(p)(jnp.zeros((1, 16), jnp.int32))), params)
+  return [(aval.shape, what) for aval, what in saved]
+
+
+def _names(saved):
+  """The checkpoint names (layers.QUERY, ...) among `_saved_by`'s residuals, sorted."""
+  return sorted(what.split("'")[1] for _, what in saved if what.startswith('named'))
 
 
 def test_minimal_remat_keeps_the_named_projections_only():
@@ -133,13 +138,11 @@ def test_minimal_remat_keeps_the_named_projections_only():
   block's input; not the MLP's down projection, which only the block's output needs. 'recompute_mlp' keeps the
   same but the MLP's gate and up."""
   saved = _saved_by('swa128', 'minimal')
-  named = sorted(w.split("'")[1] for w in saved if w.startswith('named'))
-  assert named == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlpwi_0', 'mlpwi_1'] * 2)
-  assert not any('mlpwo' in w for w in saved)
+  assert _names(saved) == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlpwi_0', 'mlpwi_1'] * 2)
+  assert not any('mlpwo' in what for _, what in saved)
   saved = _saved_by('swa128', 'recompute_mlp')
-  named = sorted(w.split("'")[1] for w in saved if w.startswith('named'))
-  assert named == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj'] * 2)
-  assert not any('mlpw' in w for w in saved)
+  assert _names(saved) == sorted(['query_proj', 'key_proj', 'value_proj', 'out_proj'] * 2)
+  assert not any('mlpw' in what for _, what in saved)
   cfg = small_config('swa128', num_layers=2, remat='minimal', dtype='float32').model
   model_def, params = state_lib.init_model(cfg, 0)
   # Named after RoPE: what is named 'query_proj' comes from RoPE's arithmetic, not straight from the projection.
@@ -169,11 +172,8 @@ def _named_sources(jaxpr, name):
 def test_kept_projections_are_flat_not_per_head(arch, remat):
   """What remat keeps of a per-head projection is [B, T, heads*head_dim], never [B, T, heads, head_dim]: a TPU pads
   a kept tensor's minor dimension to 128 lanes, so head_dim 64 kept per head would hold twice its bytes."""
-  from jax._src.ad_checkpoint import saved_residuals
   cfg = small_config(arch, num_layers=2, remat=remat, dtype='float32').model
-  model_def, params = state_lib.init_model(cfg, 0)
-  saved = saved_residuals(lambda p: jnp.sum(model_def.bind(p)(jnp.zeros((1, 16), jnp.int32))), params)
-  kept = [(aval.shape, what) for aval, what in saved if 'from the argument' not in what]
+  kept = [(shape, what) for shape, what in _saved_by(arch, remat) if 'from the argument' not in what]
   assert any(len(shape) == 3 and shape[-1] == cfg.num_heads * cfg.head_dim for shape, _ in kept), kept
   per_head = [(shape, what) for shape, what in kept if len(shape) == 4 and shape[-1] == cfg.head_dim]
   assert not per_head, per_head
