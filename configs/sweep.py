@@ -46,14 +46,14 @@ def _extension(arches):
 def _mini(preset='mini', seeds=None):
   """The runs `study --preset PRESET --seeds N` trains, seed by seed (the study's tables: imported here, so the other
   sweeps do not load the study and its training code)."""
-  from hybrid_jax.study import mini  # pylint: disable=g-import-not-at-top
-  if preset not in mini.PRESETS:
-    raise ValueError(f'preset={preset!r} is unknown; allowed: {", ".join(mini.PRESETS)}')
+  from hybrid_jax.study import presets  # pylint: disable=g-import-not-at-top
+  if preset not in presets.PRESETS:
+    raise ValueError(f'preset={preset!r} is unknown; allowed: {", ".join(presets.PRESETS)}')
   if seeds is not None:
     seeds = checks.number(seeds, 'configs/sweep.py: seeds', integer=True, positive=True)
-  seeds = mini.PRESETS[preset].seeds if seeds is None else seeds
-  return [f'{MINI_CONFIG}:arch={arch},preset={preset},seed={seed}' for seed in range(seeds)
-          for arch, _ in mini.ARCHES.values()]
+  seeds = presets.PRESETS[preset].seeds if seeds is None else seeds
+  return [f'{MINI_CONFIG}:arch={presets.ARCHES[label][0]},preset={preset},seed={seed}' for seed in range(seeds)
+          for label in presets.PRESETS[preset].arches]
 
 
 SWEEPS = {

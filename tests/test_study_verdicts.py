@@ -2,10 +2,10 @@
 
 import pytest
 
-from hybrid_jax.study import mini, verdicts
+from hybrid_jax.study import mini_report, presets, verdicts
 from hybrid_jax.study.verdicts import NOT_ASSESSABLE, NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED, spread
 
-BETWEEN, BEYOND = mini.BUCKETS[1], mini.BUCKETS[2]
+BETWEEN, BEYOND = presets.BUCKETS[1], presets.BUCKETS[2]
 
 
 def test_spread_is_the_mean_and_population_std_over_seeds():
@@ -32,20 +32,37 @@ def test_compare_against_a_constant_needs_spread_only_on_the_measured_side():
   assert verdicts.compare(spread([0.6]), verdicts.constant(0.0), 0.1) == 'unclear'
 
 
-def _entry(accuracy, restricted, extrapolation=None, loss=None, formation=None, never=0):
-  """A summary entry from per-seed values: accuracy / restricted {bucket: [per seed]}."""
-  buckets = mini.BUCKETS
+WINDOWS = {'SWA-128': 8, 'SWA-512': 16, 'SWA-2048': 32}
+
+
+def _entry(accuracy, restricted, extrapolation=None, loss=None, formation=None, never=0, signal=None, window=None,
+           first=None):
+  """A summary entry from per-seed values: accuracy / restricted {bucket: [per seed]}; `formation` the heads-based
+  formation steps, `first` the recall-based ones (default: the same), `signal` the gradient signal between the
+  windows."""
+  buckets = presets.BUCKETS
   acc = {b: spread(accuracy.get(b, [1.0, 1.0, 1.0])) for b in buckets}
+  acc['all'] = spread(accuracy.get('all', [1.0, 1.0, 1.0]))
   res = {b: spread(restricted.get(b, accuracy.get(b, [1.0, 1.0, 1.0]))) for b in buckets}
   drop = {b: spread([x - y for x, y in zip(acc[b]['values'], res[b]['values'])]) for b in buckets}
-  ext = {b: spread((extrapolation or {}).get(b, [0.0, 0.0, 0.0])) for b in mini.EXTRAPOLATION_BUCKETS}
-  return {'accuracy': acc, 'restricted': res, 'drop': drop, 'extrapolation': ext,
-          'held_out_loss': spread(loss or [0.5, 0.5, 0.5]),
-          'formation': {'threshold': 0.5, 'step': spread(formation or [500, 500, 500]), 'never': never}}
+  ext = {b: spread((extrapolation or {}).get(b, [0.0, 0.0, 0.0])) for b in presets.EXTRAPOLATION_BUCKETS}
+  heads = formation or [500, 500, 500]
+  return {'seeds': list(range(len(heads))), 'window': window, 'accuracy': acc, 'restricted': res, 'drop': drop,
+          'extrapolation': ext, 'held_out_loss': spread(loss or [0.5, 0.5, 0.5]),
+          'gradient_signal': {b: spread(signal if b == BETWEEN and signal else [1.0] * len(heads)) for b in buckets},
+          'formation': {'threshold': 0.5, 'ablation_threshold': 0.25,
+                        'heads': {'step': spread(heads), 'never': never},
+                        'first': {'step': spread(first or heads), 'never': never}}}
+
+
+def _windowed(formations, **kw):
+  """A summary of the three window arches, small to large, with per-seed formation steps."""
+  return {label: _entry({}, {}, formation=steps, window=WINDOWS[label], **kw)
+          for label, steps in zip(WINDOWS, formations)}
 
 
 def _where(summary):
-  return verdicts.where_retrieval_lives(summary, mini.BUCKETS)
+  return verdicts.where_retrieval_lives(summary, mini_report.restriction_cases(summary))
 
 
 def test_where_retrieval_lives_reproduced_absent_and_inside_the_spreads():
@@ -68,40 +85,89 @@ def test_where_retrieval_lives_reproduced_absent_and_inside_the_spreads():
   assert 'SWA-128 beyond the large window' in v.text() and REPRODUCED in v.evidence[-1]
 
 
+def test_where_retrieval_lives_in_recurrent_hybrids_is_a_real_test():
+  """A recurrent state reaches every distance: when restricting the full layers costs nothing beyond the small
+  window, the recurrent layer carried the pair and the claim is not reproduced for that mixer."""
+  cases = mini_report.restriction_cases(['GDN', 'Lightning', 'Full'])
+  assert cases == [('Lightning', BETWEEN), ('Lightning', BEYOND), ('GDN', BETWEEN), ('GDN', BEYOND)]
+  dropping = _entry({}, {BETWEEN: [0.1, 0.12, 0.1], BEYOND: [0.1, 0.1, 0.08]})
+  carried = _entry({}, {BETWEEN: [0.97, 0.99, 1.0], BEYOND: [0.98, 0.99, 0.97]})
+  assert verdicts.where_retrieval_lives({'GDN': dropping, 'Lightning': dropping}, cases).status == REPRODUCED
+  v = verdicts.where_retrieval_lives({'GDN': carried, 'Lightning': dropping}, cases)
+  assert v.status == NOT_REPRODUCED and 'GDN beyond the large window 0.02 ± 0.01' in v.measured
+  assert verdicts.where_retrieval_lives({}, cases).status == NOT_ASSESSABLE
+
+
 def test_where_retrieval_lives_uses_the_mean_not_one_seed():
   # Seed 0 alone shows a large drop; the mean over seeds is inside the spread.
   summary = {'SWA-2048': _entry({BETWEEN: [1.0, 1.0, 1.0]}, {BETWEEN: [0.2, 1.0, 1.0]})}
   assert _where(summary).status == NOT_SEPARABLE
 
 
-def test_laziness_reproduced_opposite_and_inside_the_spreads():
-  lazy = {'SWA-128': _entry({}, {}, formation=[500, 750, 500]),
-          'SWA-2048': _entry({}, {}, formation=[2000, 2250, 2500])}
-  assert verdicts.laziness(lazy, 250, 3000).status == REPRODUCED
-  opposite = {'SWA-128': lazy['SWA-2048'], 'SWA-2048': lazy['SWA-128']}
-  assert verdicts.laziness(opposite, 250, 3000).status == NOT_REPRODUCED
-  same = {'SWA-128': _entry({}, {}, formation=[500, 500, 500]), 'SWA-2048': _entry({}, {}, formation=[500, 500, 500])}
-  assert verdicts.laziness(same, 250, 3000).status == NOT_REPRODUCED
-  noisy = {'SWA-128': _entry({}, {}, formation=[500, 2500, 500]),
-           'SWA-2048': _entry({}, {}, formation=[1500, 1750, 1000])}
-  assert verdicts.laziness(noisy, 250, 3000).status == NOT_SEPARABLE
+def _lazy(summary, caveat=''):
+  return verdicts.laziness(summary, presets.WINDOW_ARCHES, 250, 3000, caveat)
+
+
+def test_laziness_is_a_trend_over_windows_present_absent_reversed_and_noisy():
+  present = _windowed([[500, 750, 500, 500, 750], [1250, 1000, 1500, 1250, 1000], [2000, 2250, 2500, 2000, 2250]])
+  v = _lazy(present)
+  assert v.status == REPRODUCED and 'Spearman rho = 0.9' in v.measured, v.text()
+  # Mutation: the windows' order reversed (the large window forming first) reverses the verdict.
+  reversed_ = _windowed([[2000, 2250, 2500, 2000, 2250], [1250, 1000, 1500, 1250, 1000], [500, 750, 500, 500, 750]])
+  assert _lazy(reversed_).status == NOT_REPRODUCED
+  absent = _windowed([[1000] * 5] * 3)
+  assert _lazy(absent).status == NOT_REPRODUCED
+  noisy = _windowed([[500, 2500, 1000], [1500, 750, 2000], [1000, 1750, 750]])
+  assert _lazy(noisy).status == NOT_SEPARABLE
   # A caveat is stated with the evidence and leaves the status alone.
-  with_caveat = verdicts.laziness(lazy, 250, 3000, 'One cycle only.')
+  with_caveat = _lazy(present, 'One cycle only.')
   assert with_caveat.status == REPRODUCED and with_caveat.evidence[-1] == 'One cycle only.'
 
 
+def test_laziness_reads_the_window_of_each_arch_not_the_order_of_the_summary():
+  present = _windowed([[500, 750, 500], [1250, 1000, 1500], [2000, 2250, 2500]])
+  shuffled = {label: present[label] for label in ('SWA-2048', 'SWA-128', 'SWA-512')}
+  assert _lazy(shuffled).status == REPRODUCED
+
+
 def test_laziness_counts_runs_that_never_formed_and_says_so():
-  summary = {'SWA-128': _entry({}, {}, formation=[500, 500, 750]),
-             'SWA-2048': _entry({}, {}, formation=[3250, 3250, 3250], never=3)}
-  v = verdicts.laziness(summary, 250, 3000)
-  assert v.status == REPRODUCED and 'SWA-2048 never did in 3 of 3 seeds' in v.text()
-  both = {'SWA-128': _entry({}, {}, formation=[3250] * 3, never=3),
-          'SWA-2048': _entry({}, {}, formation=[3250] * 3, never=3)}
-  assert verdicts.laziness(both, 250, 3000).status == NOT_ASSESSABLE
+  summary = _windowed([[500, 500, 750], [1000, 1250, 1000], [3250, 3250, 3250]])
+  summary['SWA-2048']['formation']['heads']['never'] = 3
+  v = _lazy(summary)
+  assert v.status == REPRODUCED and '(3 never)' in v.text()
+  never = _windowed([[3250] * 3] * 3, never=3)
+  assert _lazy(never).status == NOT_ASSESSABLE
+  assert _lazy({'SWA-128': summary['SWA-128']}).status == NOT_ASSESSABLE
+
+
+def test_gradient_signal_must_shrink_as_the_window_grows():
+  kw = dict(formation=[500] * 5)
+  summary = lambda signals: {label: _entry({}, {}, window=WINDOWS[label], signal=values, **kw)
+                             for label, values in zip(WINDOWS, signals)}
+  shrinking = summary([[0.9, 1.0, 0.8, 0.95, 0.85], [0.5, 0.6, 0.55, 0.45, 0.5], [0.1, 0.2, 0.15, 0.1, 0.12]])
+  run = lambda s: verdicts.gradient_mechanism(s, presets.WINDOW_ARCHES, BETWEEN, 1000)
+  assert run(shrinking).status == REPRODUCED
+  growing = summary([[0.1, 0.2, 0.15, 0.1, 0.12], [0.5, 0.6, 0.55, 0.45, 0.5], [0.9, 1.0, 0.8, 0.95, 0.85]])
+  assert run(growing).status == NOT_REPRODUCED
+  assert run(summary([[0.5] * 5] * 3)).status == NOT_REPRODUCED
+  assert 'q/k gradient norm between the windows' in run(shrinking).measured
+
+
+def test_emergence_differs_while_final_recall_converges():
+  def summary(steps, finals):
+    return {label: _entry({'all': final}, {}, first=s, formation=s) for label, s, final in
+            zip(('SWA-128', 'SWA-2048', 'Full', 'GDN'), steps, finals)}
+  apart = [[500, 750, 500, 500], [1500, 1750, 1500, 1750], [2500, 2750, 2500, 2500], [3500, 3750, 3500, 3750]]
+  same = [[1.0, 0.99, 1.0, 1.0]] * 4
+  assert verdicts.emergence_vs_final(summary(apart, same)).status == REPRODUCED
+  diverging = same[:3] + [[0.3, 0.35, 0.3, 0.3]]
+  assert verdicts.emergence_vs_final(summary(apart, diverging)).status == NOT_REPRODUCED
+  together = [[1000, 1250, 1000, 1250]] * 4
+  assert verdicts.emergence_vs_final(summary(together, same)).status == NOT_SEPARABLE
 
 
 def test_nope_needs_long_recall_and_no_loss_cost():
-  far = mini.BEYOND_CONTEXT
+  far = presets.BEYOND_CONTEXT
   rope = _entry({}, {}, extrapolation={far: [0.1, 0.15, 0.05]}, loss=[0.50, 0.51, 0.50])
   good = _entry({}, {}, extrapolation={far: [0.8, 0.9, 0.85]}, loss=[0.50, 0.505, 0.50])
   assert verdicts.nope({'SWA-128': rope, 'SWA-128-NoPE': good}, far).status == REPRODUCED
@@ -114,23 +180,37 @@ def test_nope_needs_long_recall_and_no_loss_cost():
 
 
 def test_one_seed_is_never_judged():
-  one = lambda **kw: {k: {b: spread(v[b]['values'][:1]) for b in v} if k in ('accuracy', 'restricted', 'drop',
-                                                                              'extrapolation') else v
-                      for k, v in _entry({}, {BETWEEN: [0.0, 0.0, 0.0]}, **kw).items()}
-  summary = {'SWA-128': one(), 'SWA-2048': one(), 'SWA-128-NoPE': one()}
+  one = lambda label: _windowed([[500]] * 3)[label] if label in WINDOWS else _entry({}, {}, formation=[500])
+  summary = {label: one(label) for label in ('SWA-128', 'SWA-512', 'SWA-2048', 'SWA-128-NoPE', 'GDN')}
   for entry in summary.values():
-    entry['formation'] = {'threshold': 0.5, 'step': spread([500]), 'never': 0}
+    for key in ('accuracy', 'restricted', 'drop', 'extrapolation'):
+      entry[key] = {b: spread(v['values'][:1]) for b, v in entry[key].items()}
     entry['held_out_loss'] = spread([0.5])
-  for v in mini.judge(summary, mini.PRESETS['smoke']):
-    assert v.status == NOT_SEPARABLE, v.text()
+    entry['drop'][BETWEEN] = entry['drop'][BEYOND] = spread([0.9])
+  for v in mini_report.judge(summary, presets.PRESETS['smoke']):
+    assert v.status in (NOT_SEPARABLE, NOT_ASSESSABLE), v.text()
 
 
 def test_one_cycle_presets_state_why_two_verdicts_are_weak_and_deeper_ones_do_not():
   """mini (swa, full) cannot let a sliding layer retrieve alone, so the report says so beside where retrieval lives
-  and laziness; gpu-small (two cycles) can, and carries no such caveat."""
-  summary = {'SWA-128': _entry({}, {BETWEEN: [0.1] * 3, BEYOND: [0.1] * 3}, formation=[500, 750, 500]),
-             'SWA-2048': _entry({}, {BETWEEN: [0.1] * 3, BEYOND: [0.1] * 3}, formation=[2000, 2250, 2500])}
-  where, lazy, _ = mini.judge(summary, mini.PRESETS['mini'])
+  and laziness; the two-cycle presets can, and carry no such caveat."""
+  summary = _windowed([[500, 750, 500], [1000, 1250, 1000], [2000, 2250, 2500]])
+  for entry in summary.values():
+    entry['restricted'][BETWEEN] = entry['restricted'][BEYOND] = spread([0.1] * 3)
+    entry['drop'][BETWEEN] = entry['drop'][BEYOND] = spread([0.9] * 3)
+  where, _, lazy, *_ = mini_report.judge(summary, presets.PRESETS['mini'])
   assert 'cannot do both hops' in where.evidence[-1] and "study's mechanism" in lazy.evidence[-1]
-  where, lazy, _ = mini.judge(summary, mini.PRESETS['gpu-small'])
-  assert not any('cannot do both hops' in line for line in where.evidence + lazy.evidence)
+  for deep in ('mini-deep', 'gpu-small'):
+    where, _, lazy, *_ = mini_report.judge(summary, presets.PRESETS[deep])
+    assert not any('cannot do both hops' in line for line in where.evidence + lazy.evidence)
+
+
+def test_the_table_has_one_row_per_verdict_with_its_numbers():
+  summary = _windowed([[500, 750, 500], [1000, 1250, 1000], [2000, 2250, 2500]])
+  judged = mini_report.judge(summary, presets.PRESETS['mini'])
+  rows = verdicts.table(judged)
+  assert rows[:2] == ['| study claim | measured here | verdict |', '| --- | --- | --- |']
+  assert len(rows) == 2 + len(judged)
+  for row, v in zip(rows[2:], judged):
+    assert row.count(' | ') == 2 and row.endswith(f'| {v.status} |') and v.name in row
+  assert 'formation step by window: SWA-128 (window 8)' in rows[4]

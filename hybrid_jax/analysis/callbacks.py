@@ -12,6 +12,9 @@ range's upper end):
 - recall_accuracy and recall_accuracy_<lo>_<hi>;
 - recall_mass_layer<i>_<lo>_<hi>: the best head's attention mass on the pair's record, for every attention layer i,
   so each full-attention layer's retrieval head is seen forming;
+- recall_ablation_layer<i>_<lo>_<hi> and qk_grad_layer<i>_<lo>_<hi> for every layer i with full heads: the recall
+  lost by ablating its most needed full head, and the gradient that long-range answers send to its queries and
+  keys (hybrid_jax.eval.recall_mechanism);
 and always
 - seconds: the probe's own wall time, so its cost shows next to train/step_time_s.
 
@@ -43,10 +46,11 @@ class RetrievalProbe:
     t = config.train
     self.recall = None
     if config.data.source == 'recall':
-      from hybrid_jax.eval import recall  # pylint: disable=g-import-not-at-top
+      from hybrid_jax.eval import recall, recall_mechanism  # pylint: disable=g-import-not-at-top
       held = recall.held_out(config.data, RECALL_DOCUMENTS_PER_SAMPLE * int(t.retrieval_probe_samples))
       edges = recall_edges(config.data.recall.distance_ranges)
       self.recall = recall.RecallEval(model_def, config.model, held, edges, mesh=mesh)
+      self.mechanism = recall_mechanism.RecallMechanism(model_def, config.model, held, edges)
       return
     self.length = int(t.retrieval_probe_length or config.data.seq_len)
     tokenizer = get_tokenizer(config.data.tokenizer)
@@ -64,7 +68,10 @@ class RetrievalProbe:
   def __call__(self, params) -> dict:
     tic = time.perf_counter()
     if self.recall is not None:
-      return {**recall_metrics(self.recall(params)), 'seconds': time.perf_counter() - tic}
+      return {**recall_metrics(self.recall(params)),
+              **mechanism_metrics(self.mechanism.ablation(params), self.mechanism.gradient_signal(params),
+                                  self.recall.edges),
+              'seconds': time.perf_counter() - tic}
     stats = self.probe(params, self.batch)
     correct = stats['correct'].astype(float)
     metrics = {'niah_accuracy': float(correct.mean())}
@@ -89,6 +96,21 @@ def recall_metrics(result: dict) -> dict:
     metrics[f'recall_accuracy_{name}'] = b['accuracy']
     for layer in result['layers']:
       metrics[f"recall_mass_layer{layer['index']}_{name}"] = float(max(layer['mass'][j]))
+  return metrics
+
+
+def mechanism_metrics(ablation: dict, signal: dict, edges) -> dict:
+  """Flat probe metrics of RecallMechanism results, per full-attention layer i and bucket <lo>_<hi> (buckets
+  without queries left out): recall_ablation_layer<i>_<lo>_<hi> (the largest drop from ablating one of its full
+  heads), recall_ablation_layer<i>_all_<lo>_<hi> (all of them at once) and qk_grad_layer<i>_<lo>_<hi>."""
+  names = [f'{lo}_{hi}' for lo, hi in zip(edges, edges[1:])]
+  metrics = {}
+  for layer, scores in ablation['layers'].items():
+    for j, name in enumerate(names):
+      for key, values in ((f'recall_ablation_layer{layer}', scores['best']),
+                          (f'recall_ablation_layer{layer}_all', scores['all']), (f'qk_grad_layer{layer}', signal[layer])):
+        if values[j] is not None:
+          metrics[f'{key}_{name}'] = values[j]
   return metrics
 
 

@@ -82,13 +82,15 @@ def _gather(x, index):
 
 
 def forward(model, tokens=None, *, embeddings=None, attention_queries=None, residual_positions=None,
-            logit_positions=None, restriction: 'windowed.Restriction | None' = None) -> dict:
+            logit_positions=None, restriction: 'windowed.Restriction | None' = None, head_scale=None) -> dict:
   """{'logits' [B, T, V], 'attention' {layer: [B, Hq, nq, T]}, 'residuals' [L + 1, B, nr, d]}.
 
   Give `tokens` [B, T] or `embeddings` [B, T, d]. `logit_positions` [B, n] computes logits only there ([B, n, V]:
   a long context times a large vocabulary would not fit otherwise). `attention_queries` [B, nq] (int) selects the query positions
   whose attention rows are returned for every attention layer; `residual_positions` [B, nr] selects where the
   residual stream is read (entry 0: the embeddings, entry l + 1: after block l). Absent selections are not computed.
+  `head_scale` {layer index: [Hq]} multiplies each query head's output of those attention layers before their output
+  projection (0 ablates a head; the values may be traced).
   """
   if (tokens is None) == (embeddings is None):
     raise ValueError('forward needs exactly one of tokens or embeddings')
@@ -100,7 +102,8 @@ def forward(model, tokens=None, *, embeddings=None, attention_queries=None, resi
   attention = {}
   for layer, block in zip(layers(model.cfg), blocks(model)):
     h = block.mixer_norm(x)
-    y, probs = windowed.mix(block.mixer, layer.spec, h, positions, restriction, attention_queries)
+    y, probs = windowed.mix(block.mixer, layer.spec, h, positions, restriction, attention_queries,
+                            (head_scale or {}).get(layer.index))
     if probs is not None:
       attention[layer.index] = probs
     x = block.add(x, y)

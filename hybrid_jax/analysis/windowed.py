@@ -75,10 +75,10 @@ def group_window(window, restriction):
   return window, 0
 
 
-def _attention(mixer, spec, h, positions, restriction, queries):
+def _attention(mixer, spec, h, positions, restriction, queries, head_scale=None):
   groups = _groups(mixer, spec)
   windows = [group_window(w, restriction) for w, _ in groups]
-  changed = windows != [(w, 0) for w, _ in groups]
+  changed = windows != [(w, 0) for w, _ in groups] or head_scale is not None
   y = mixer(h, positions) if not changed else None
   if changed or queries is not None:
     q, k, v = mixer._qkv(h, positions)  # pylint: disable=protected-access
@@ -87,7 +87,10 @@ def _attention(mixer, spec, h, positions, restriction, queries):
     for (window, sinks), (_, kv) in zip(windows, groups):
       qs = slice(kv.start * mixer.groups, kv.stop * mixer.groups)
       outs.append(mixer.attend(q[:, :, qs], k[:, :, kv], v[:, :, kv], window, qs, sink_positions=sinks))
-    y = mixer._out(jnp.concatenate(outs, axis=2))  # pylint: disable=protected-access
+    o = jnp.concatenate(outs, axis=2)
+    if head_scale is not None:  # Each query head's output scaled before the output projection (0 ablates it).
+      o = o * jnp.asarray(head_scale, o.dtype)[None, None, :, None]
+    y = mixer._out(o)  # pylint: disable=protected-access
   probs = None
   if queries is not None:
     t = h.shape[1]
@@ -144,10 +147,13 @@ def windowed_recurrent(mixer, h, window: int, sinks: int, chunk: int):
   return y.reshape(b, n, sinks + window, d)[:, :, -chunk:].reshape(b, n * chunk, d)[:, :t]
 
 
-def mix(mixer, spec, h, positions, restriction, queries):
-  """(mixer output [B, T, d], attention probabilities of `queries` or None) of one layer under `restriction`."""
+def mix(mixer, spec, h, positions, restriction, queries, head_scale=None):
+  """(mixer output [B, T, d], attention probabilities of `queries` or None) of one layer under `restriction`;
+  `head_scale` [Hq] (attention layers only) multiplies each query head's output before the output projection."""
   if spec.kind in ('full', 'swa', 'headwise'):
-    return _attention(mixer, spec, h, positions, restriction, queries)
+    return _attention(mixer, spec, h, positions, restriction, queries, head_scale)
+  if head_scale is not None:
+    raise ValueError(f'head_scale applies to attention layers, not to a {spec.kind!r} layer')
   if spec.kind in RECURRENT_KINDS and restriction is not None and restriction.target == 'efficient':
     return windowed_recurrent(mixer, h, restriction.window, restriction.sinks, restriction.recurrent_chunk), None
   return mixer(h, positions), None

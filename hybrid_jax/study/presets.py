@@ -1,0 +1,224 @@
+"""The mini-study's arches and presets, and the train config of one run (`configs/mini.py` builds the same).
+
+Scaled down, windows keep their role rather than their size: at a 64-token context a 2048-token window would be
+full attention, so each preset maps the study's small, middle and large windows (128 / 512 / 2048) onto its own
+context, and its distance ranges onto those windows. The recurrent mixers (Lightning, Mamba-2, GDN) keep the study's
+rule of matching the attention layer's parameter count: each preset gives their inner shapes (`mixers`), and a test
+holds every preset's shapes within 5% of its attention layer.
+"""
+
+import copy
+import dataclasses
+
+from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
+from hybrid_jax.data import recall as recall_data
+from hybrid_jax.models import pattern
+
+# Study label -> (arch in configs/hybrid.py, which window its sliding layers use: 'small' | 'middle' | 'large' |
+# None for no sliding layer). The report lists arches in this order.
+ARCHES = {'SWA-128': ('swa128', 'small'), 'SWA-512': ('swa512', 'middle'), 'SWA-2048': ('swa2048', 'large'),
+          'SWA-128-NoPE': ('swa128_nope', 'small'), 'SWA-128-1:3': ('swa128_1to3', 'small'),
+          'Head-wise': ('swa128_headwise', 'small'), 'Lightning': ('lightning', None), 'Mamba-2': ('mamba2', None),
+          'GDN': ('gdn', None), 'Full': ('full', None)}
+# The arches whose only difference is the sliding window, small to large: large-window laziness is a trend over them.
+WINDOW_ARCHES = ('SWA-128', 'SWA-512', 'SWA-2048')
+RECURRENT_ARCHES = ('Lightning', 'Mamba-2', 'GDN')
+BUCKETS = ('inside the small window', 'between the windows', 'beyond the large window')
+BEYOND_CONTEXT = 'beyond the training context'
+EXTRAPOLATION_BUCKETS = BUCKETS + (BEYOND_CONTEXT,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  scale: str
+  seq_len: int
+  small_window: int
+  middle_window: int
+  large_window: int
+  steps: int
+  batch_size: int
+  probe_every: int
+  # Distance ranges of the recall task, one per bucket of BUCKETS: their upper ends are the small window, the
+  # large window and at most seq_len, so the probe's buckets (0 and each upper end) are the report's.
+  distance_ranges: tuple
+  arches: tuple = tuple(ARCHES)  # The labels `study` runs by default (--arches picks others).
+  seeds: int = 1  # Default of --seeds.
+  parallel: int = 1  # Default of --parallel: runs trained at a time (one tiny model leaves CPU cores idle).
+  recall: tuple = ()  # Other data.recall overrides (key, value).
+  probe_samples: int = 4  # The probe scores 8 x this many held-out recall documents.
+  eval_documents: int = 128  # Held-out recall documents scored at the end (each holds data.recall.pairs queries).
+  model: tuple = ()  # Extra model overrides (key, value).
+  mixers: tuple = ()  # Recurrent mixer shapes: (kind, ((field, value), ...)), matched to the attention layer.
+  train: tuple = ()  # Extra train overrides (key, value).
+  lr: float = 3e-3
+  eval_batches: int = 2
+  # Long-range retrieval counts as formed at the first probe where recall beyond the large window (where only full
+  # attention reaches) is at least this.
+  formation_threshold: float = 0.5
+  # A full layer's retrieval counts as formed at the first probe where ablating its most important head lowers
+  # recall beyond the large window by at least this (the head-ablation score; chance recall is 0.1).
+  ablation_threshold: float = 0.25
+  # The gradient signal that trains the full layers' queries and keys is read at the probes up to this step
+  # (before any arch forms its retrieval circuit), so arches are compared at the same point of training.
+  signal_until: int = 1000
+  note: str = ''
+
+  @property
+  def edges(self) -> list[int]:
+    """Distance-bucket edges of BUCKETS."""
+    return [0, self.small_window, self.large_window, self.seq_len]
+
+  @property
+  def fine_edges(self) -> list[int]:
+    """Finer buckets: powers of two and the windows."""
+    powers = [2 ** k for k in range(1, 31) if 2 ** k < self.seq_len]
+    return sorted({0, *powers, self.small_window, self.middle_window, self.large_window, self.seq_len})
+
+  @property
+  def extrapolation_length(self) -> int:
+    """Length of the documents that test recall beyond the training context: twice the training length."""
+    return 2 * self.seq_len
+
+  @property
+  def extrapolation_edges(self) -> list[int]:
+    return self.edges + [self.extrapolation_length]
+
+  def window(self, role: str | None) -> int | None:
+    """The preset's window for a role of ARCHES (None: the arch has no sliding layer)."""
+    return {'small': self.small_window, 'middle': self.middle_window, 'large': self.large_window, None: None}[role]
+
+  def extrapolation_ranges(self, longest: int) -> tuple:
+    """The training distance ranges plus one beyond the training context, up to `longest` (the longest distance a
+    record fits at the extrapolation length) and at most 1.5 x the training length (room for every pair)."""
+    return tuple(self.distance_ranges) + ((self.seq_len + 1, min(longest, self.seq_len + self.seq_len // 2)),)
+
+
+# The mini task: 4 key-value records per document, keys of one of 16 letters, one-digit values (chance 0.1), written
+# `VALUEKEY` in '.' filler and asked `KEYVALUE` later; 10% of documents are text. Why one digit and several pairs
+# (BENCHMARKS.md): with one multi-digit pair per document the full layers learn the shortcut "attend to the only
+# digits there are", which cannot tell the first digit from the others (byte accuracy 0.1-0.3, exact match 0 after
+# 3000 steps for every hybrid); several pairs force the key match, and a one-digit value needs no ordering circuit.
+# Two distractor records (never asked) per document: without them every record is asked once, so "the value of the
+# nearest record not asked yet" answers most queries with no key match, and Full (whose first layer sees every
+# record) learned that rule and stayed at 0.58 between the windows; with them every arch, Full included, learns the
+# key match (BENCHMARKS.md, "the mini-study with distractors").
+_TASK = (('pairs', 4), ('key_chars', 16), ('value_length', 1), ('filler', '.'), ('text_fraction', 0.1),
+         ('distractors', 2))
+# 8 heads of width 16, each with its own keys and values. Eight heads, not four: the recall circuit (a head that
+# copies the value into its key's position, and a head that matches the query's key against it) forms in whichever
+# head starts closest, so more heads make its formation less of a lottery. With four heads, 5 of 12 runs learned
+# every bucket in 4,000 steps; with eight, the SWA-128 seed that had stayed at 0.38 reached 0.98 by step 1,750.
+# Wider heads (d_model 128, head width 32) did not help.
+_HEADS = (('num_heads', 8), ('num_kv_heads', 8), ('head_dim', 16))
+# Two layers (one cycle: a sliding or full layer under a full one), d_model 64.
+_SMALL_MODEL = (('d_model', 64), ('num_layers', 2), *_HEADS, ('d_ff', 160),
+                ('dtype', 'float32'))  # float32: on a CPU, bfloat16 matmuls are emulated, ~1.8x slower.
+# Recurrent shapes matched to the attention layer of 8 x 16-wide heads (32,768 parameters at d_model 64, 65,536 at
+# 128): Lightning and GDN 4 heads of key width 16 and value width 32, Mamba-2 8 heads of 16 channels.
+_MIXERS_64 = (('lightning', (('num_heads', 4), ('key_dim', 16), ('value_dim', 32))),
+              ('mamba2', (('num_heads', 8), ('head_dim', 16), ('state_dim', 48))),
+              ('gdn', (('num_heads', 4), ('key_dim', 16), ('value_dim', 32))))
+_MIXERS_128 = (('lightning', (('num_heads', 4), ('key_dim', 16), ('value_dim', 32))),
+               ('mamba2', (('num_heads', 8), ('head_dim', 16), ('state_dim', 64))),
+               ('gdn', (('num_heads', 4), ('key_dim', 16), ('value_dim', 32))))
+# The study's warmup-stable-decay schedule without weight decay: weight decay kept the late formers (Full, SWA-2048)
+# at chance through 3,000 steps, and a decaying rate lifted a partly formed circuit that a constant one had left flat
+# for 1,000 steps (Full at 0.68 rose to 0.88 in 1,000 decaying steps).
+_OPTIMIZER = (('weight_decay', 0.0),)
+# A one-cycle stack holds no sliding layer above a full one, so 1:3 (three sliding layers under one full layer)
+# needs four layers: it is in the two-cycle presets only.
+_ONE_CYCLE_ARCHES = tuple(label for label in ARCHES if label != 'SWA-128-1:3')
+_MINI = dict(scale='tiny', seq_len=64, small_window=8, middle_window=16, large_window=32, steps=5000,
+             batch_size=16, probe_every=250, distance_ranges=((3, 8), (12, 32), (36, 56)), recall=_TASK,
+             mixers=_MIXERS_64, train=_OPTIMIZER, parallel=2)
+PRESETS = {
+    # 6,000 steps: with distractors, 2 of 8 runs (seed 1's Full and SWA-128-NoPE) had not formed the circuit by
+    # step 4,000; trained to 6,000 they reach 1.00 / 1.00 / 1.00 and 0.99 / 1.00 / 0.98 (BENCHMARKS.md).
+    'mini': Preset(**_MINI, model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, note='2 CPU cores, two runs at a time'),
+    # Two cycles (sliding / full / sliding / full; 1:3 as three sliding layers under one full layer), so a sliding
+    # layer above a full one can retrieve inside its window: the study's mechanism of laziness can act here.
+    'mini-deep': Preset(**_MINI, model=_SMALL_MODEL + (('num_layers', 4),),
+                        note='2 CPU cores, two runs at a time; four layers'),
+    # The mini preset's task and heads at a 256-byte context, d_model 128, 4 layers (two cycles, so a
+    # sliding layer sits above a full one), 8 records per document, 2 seeds: sized by arithmetic from the CPU runs
+    # for one H200 (not yet measured there; BENCHMARKS.md).
+    'gpu-small': Preset(scale='tiny', seq_len=256, small_window=16, middle_window=48, large_window=128, steps=3000,
+                        batch_size=64, probe_every=250, distance_ranges=((3, 16), (24, 128), (144, 248)), seeds=2,
+                        recall=_TASK + (('pairs', 8),), train=_OPTIMIZER, note='one H200, ~7 minutes',
+                        model=_HEADS, mixers=_MIXERS_128),
+    # Seconds per run: exercises the machinery only (tests); its numbers mean nothing.
+    'smoke': Preset(scale='tiny', seq_len=64, small_window=8, middle_window=16, large_window=32, steps=4,
+                    batch_size=2, probe_every=2, distance_ranges=((3, 8), (12, 32), (36, 58)), probe_samples=1,
+                    eval_documents=4, eval_batches=1, recall=(('pairs', 2),), signal_until=4,
+                    arches=('SWA-128', 'SWA-2048', 'Head-wise', 'GDN', 'Full'),  # One of each kind of layer.
+                    model=(('d_model', 32), ('num_layers', 2), ('num_heads', 2), ('num_kv_heads', 2),
+                           ('head_dim', 16), ('d_ff', 64)),
+                    mixers=(('lightning', (('num_heads', 1), ('key_dim', 16), ('value_dim', 16))),
+                            ('mamba2', (('num_heads', 2), ('head_dim', 16), ('state_dim', 16))),
+                            ('gdn', (('num_heads', 1), ('key_dim', 16), ('value_dim', 16)))),
+                    note='machinery check only'),
+}
+
+
+def label_of(name: str, what: str) -> str:
+  """The study label `name` stands for (a label or an arch name, any case), for --arches and configs/mini.py alike;
+  ConfigError naming `what` (the flag or argument and its whole value) otherwise."""
+  names = {label.lower(): label for label in ARCHES} | {arch: label for label, (arch, _) in ARCHES.items()}
+  if name.strip().lower() not in names:
+    raise ConfigError(f'{what} is invalid: {name.strip()!r} is not one of '
+                      f'{", ".join(ARCHES)} (or {", ".join(a for a, _ in ARCHES.values())})')
+  return names[name.strip().lower()]
+
+
+def select_arches(spec: str | None, preset: Preset | None = None) -> list[str]:
+  """Study labels named by `--arches` (labels or arch names, comma-separated, any case); the preset's when None."""
+  if spec is None:
+    return list(ARCHES if preset is None else preset.arches)
+  chosen = {label_of(item, f'--arches={spec!r}') for item in spec.split(',')}
+  return [label for label in ARCHES if label in chosen]  # The report's order.
+
+
+def run_config(label: str, preset: Preset, seed: int = 0):
+  """The validated train config of one arch of the preset (ConfigError for an arch the preset does not hold)."""
+  arch, role = ARCHES[label]
+  c = load_config_file(f'{BASE_CONFIG.parent / "hybrid.py"}:arch={arch},scale={preset.scale}')
+  c.name = f'mini_{arch}_seed{seed}'
+  c.seed = seed
+  c.data.update(dict(source='recall', tokenizer='byte', seq_len=preset.seq_len, long_short_ratio=0.0))
+  c.data.recall.distance_ranges = preset.distance_ranges
+  c.data.recall.update(dict(preset.recall))
+  c.model.update(dict(preset.model))
+  for kind, shape in preset.mixers:
+    c.model[kind].update(dict(shape))
+  if role is not None:
+    c.model.window = preset.window(role)
+  if 'headwise' in tuple(c.model.cycle):  # The study's head-wise layers attend fully with half their KV groups.
+    c.model.headwise_full_kv_heads = max(1, c.model.num_kv_heads // 2)
+  c.train.update(dict(steps=preset.steps, batch_size=preset.batch_size, lr=preset.lr,
+                      warmup_steps=max(1, preset.steps // 10), eval_every=0,
+                      checkpoint_every=max(1, preset.steps // 2), log_every=max(1, min(10, preset.steps // 4)),
+                      eval_batches=preset.eval_batches, retrieval_probe_every=preset.probe_every,
+                      retrieval_probe_samples=preset.probe_samples, retrieval_probe_length=preset.seq_len,
+                      progress=False))
+  c.train.update(dict(preset.train))
+  c.eval.update(dict(batches=preset.eval_batches, documents=0))
+  kinds = {pattern.layer_spec(c.model, i).kind for i in range(c.model.num_layers)}
+  if not kinds & {'full', 'headwise'}:  # Every verdict is about the full-attention layers.
+    name = next((n for n, p in PRESETS.items() if p == preset), 'this preset')
+    holding = [n for n, p in PRESETS.items() if label in p.arches]
+    raise ConfigError(f'the mini-study preset {name!r} cannot hold {label}: its {c.model.num_layers}-layer stack '
+                      f'of {"/".join(c.model.cycle)} has no full-attention layer; presets with it: '
+                      f'{", ".join(holding)}')
+  return validate(c)
+
+
+def extrapolation_data(data_cfg, preset: Preset):
+  """The run's data config at the extrapolation length, with a distance range beyond the training context."""
+  data = copy.deepcopy(data_cfg)
+  r = data.recall
+  longest = preset.extrapolation_length - r.key_length - 2 * r.value_length + 1
+  data.seq_len = preset.extrapolation_length
+  data.recall.distance_ranges = preset.extrapolation_ranges(longest)
+  data.recall.distance_weights = (1.0,) * len(data.recall.distance_ranges)
+  recall_data.settings(data)  # Checked here, so an impossible preset fails before any training.
+  return data
