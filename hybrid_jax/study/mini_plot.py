@@ -13,6 +13,14 @@ def mean_curve(report: dict, label: str, key: str) -> list:
   return [(s, float(np.mean([c[s] for c in curves]))) for s in steps]
 
 
+def _signal_curve(report: dict, label: str, name: str) -> list:
+  """[(step, mean over seeds of the q/k gradient norm over every full layer)] for bucket suffix `name`."""
+  layers = list(report['summary'][label]['ablation'])
+  per_layer = [dict(mean_curve(report, label, f'probe_qk_grad_layer{layer}_{name}')) for layer in layers]
+  steps = sorted(set.intersection(*(set(c) for c in per_layer))) if per_layer else []
+  return [(s, float(np.sqrt(sum(c[s] ** 2 for c in per_layer)))) for s in steps]
+
+
 def _colors(report: dict) -> dict:
   return {label: f'C{i}' for i, label in enumerate(report['arches'])}
 
@@ -31,8 +39,8 @@ def _bars(ax, report: dict, key: str, buckets, edges, title: str) -> None:
 
 
 def plot_report(report: dict, path) -> None:
-  """Eight panels: train loss; recall by distance as trained, restricted and at twice the training length; recall
-  and each full layer's retrieval-head score over training."""
+  """Eight panels: train loss; recall by distance as trained, restricted and at twice the training length; recall,
+  each full layer's head-ablation score and the gradient to its queries and keys over training; the verdicts."""
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   settings, names, buckets = report['settings'], report['probe_names'], report['buckets']
   labels = list(report['summary'])
@@ -58,14 +66,23 @@ def plot_report(report: dict, path) -> None:
         ax.plot(*zip(*curve), style, color=colors[label], marker='.', label=f'{label}, {buckets[j]}')
   ax.axhline(report['formation_threshold'], color='k', lw=0.8, ls=':', label='formed (beyond the large window)')
   ax.set(title='recall accuracy over training (probe)', xlabel='step', ylim=(0, 1.05))
-  for ax, j in ((axes[1, 1], 1), (axes[1, 2], 2)):
-    for label in labels:
-      for k, layer in enumerate(report['summary'][label]['full_layers']):
-        curve = mean_curve(report, label, f'probe_recall_mass_layer{layer}_{names[j]}')
-        if curve:
-          ax.plot(*zip(*curve), ('-', '--', ':', '-.')[k % 4], color=colors[label], marker='.',
-                  label=f'{label} layer {layer}')
-    ax.set(title=f'retrieval-head score of each full layer\n{buckets[j]}', xlabel='step', ylim=(0, 1.05))
+  ax = axes[1, 1]
+  for label in labels:
+    for k, layer in enumerate(report['summary'][label]['ablation']):
+      curve = mean_curve(report, label, f'probe_recall_ablation_layer{layer}_{names[2]}')
+      if curve:
+        ax.plot(*zip(*curve), ('-', '--', ':', '-.')[k % 4], color=colors[label], marker='.',
+                label=f'{label} layer {layer}')
+  ax.axhline(settings['ablation_threshold'], color='k', lw=0.8, ls=':', label='retrieval head formed')
+  ax.set(title=f'recall lost by ablating the most needed full head\n{buckets[2]}', xlabel='step', ylim=(-0.05, 1.05))
+  ax = axes[1, 2]
+  for label in labels:
+    curve = _signal_curve(report, label, names[1])
+    if curve:
+      ax.plot(*zip(*curve), color=colors[label], marker='.', label=label)
+  ax.axvline(settings['signal_until'], color='k', lw=0.8, ls=':', label='read up to here')
+  ax.set(title=f"gradient of answers {buckets[1]}\nto the full layers' queries and keys", xlabel='step',
+         yscale='log')
   ax = axes[1, 3]
   ax.axis('off')
   ax.text(0, 1, '\n\n'.join(textwrap.fill(v, 75) for v in report.get('verdicts', [])), va='top', fontsize=5.5,
