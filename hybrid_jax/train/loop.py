@@ -236,6 +236,11 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
           break
     ckpt.wait()
     finished = True
+  except metrics.StorageError as e:  # Disk full, not writable: stop now, with what is kept (nothing waits on it).
+    kept = (f'the newest checkpoint (step {last_saved}) is kept in {ckpt.directory}' if last_saved else
+            'no checkpoint was saved before it')
+    raise metrics.StorageError(f'{e} (at step {step} of run {config.name}); {kept}: free the space or fix the '
+                               'permissions, then rerun the same command to resume') from e
   except jax.errors.JaxRuntimeError as e:  # In a multi-process run: a collective or barrier lost a peer.
     if jax.process_count() == 1:
       raise
@@ -243,7 +248,7 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   finally:
     bar.close()
     if not finished:
-      writer.close()  # Flushed now, not by tensorboardX at interpreter exit.
+      writer.close()  # Closed now, before the error travels on.
     for hook in hooks:
       hook.close()
     try:

@@ -1,5 +1,13 @@
-"""Metrics to TensorBoard event files and a JSONL file in the workdir (one record per write)."""
+"""Metrics to TensorBoard event files and a JSONL file in the workdir (one record per write).
 
+Both are written on the caller's thread, synchronously: a write that fails (disk full, a directory made read-only,
+a lost mount) raises StorageError at the step that logged it, naming the file and the cause. TensorBoard's own
+writer thread would die on such an error and leave the next write blocked forever on its full queue, a run that
+hangs without using a CPU; here nothing waits on another thread. The events are tensorboardX's records, flushed at
+every write (a few scalars every train.log_every steps).
+"""
+
+import contextlib
 import json
 import math
 import os
@@ -7,10 +15,27 @@ import pathlib
 import time
 
 import numpy as np
-from tensorboardX import SummaryWriter
+from tensorboardX import summary as tb_summary
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto.event_pb2 import Event, SessionLog
 
 from hybrid_jax.data import jsonl
+from hybrid_jax.errors import UserError
 from hybrid_jax.parallel import chips
+
+
+class StorageError(UserError):
+  """A file of the run could not be written: the message names it and the cause (e.g. no space left on device)."""
+
+
+@contextlib.contextmanager
+def storage(path, what: str):
+  """Turns an OSError while writing `path` into a StorageError naming `what`, the path and the cause."""
+  try:
+    yield
+  except OSError as e:
+    cause = e.strerror or str(e)
+    raise StorageError(f'cannot write {what} to {path}: {cause}') from e
 
 
 class MetricsWriter:
@@ -20,25 +45,47 @@ class MetricsWriter:
   def __init__(self, workdir, resumed_from: int = 0):
     self.workdir = pathlib.Path(workdir)
     self.jsonl_path = self.workdir / 'metrics.jsonl'
-    _drop_after(self.jsonl_path, resumed_from)
-    # The suffix keeps two sessions started in one second apart (the event file is named by the second), in order.
-    self._tb = SummaryWriter(str(self.workdir / 'tensorboard'), purge_step=resumed_from + 1,
-                             filename_suffix=f'.{time.time_ns()}')
-    self._jsonl = open(self.jsonl_path, 'a')
+    self.tensorboard_dir = self.workdir / 'tensorboard'
+    self._failed = False
+    with storage(self.jsonl_path, 'the metrics'):
+      _drop_after(self.jsonl_path, resumed_from)
+      self._jsonl = open(self.jsonl_path, 'a')
+    with storage(self.tensorboard_dir, 'the TensorBoard events'):
+      self.tensorboard_dir.mkdir(parents=True, exist_ok=True)
+      # The suffix keeps two sessions started in one second apart (the file is named by the second), in order.
+      self._events = EventsWriter(str(self.tensorboard_dir / 'events'), f'.{time.time_ns()}')
+      # A session that starts at step S hides what an earlier one logged from S on (TensorBoard's purge).
+      self._events.write_event(Event(step=resumed_from + 1, file_version='brain.Event:2'))
+      self._events.write_event(Event(step=resumed_from + 1, session_log=SessionLog(status=SessionLog.START)))
+      self._events.flush()
 
   def write(self, step: int, metrics: dict, *, prefix: str) -> None:
     """Writes scalars as `prefix/name` to TensorBoard and as one JSON record {'step', 'kind', ...}."""
     scalars = {k: float(np.asarray(v)) for k, v in metrics.items() if np.ndim(v) == 0}
-    for name, value in scalars.items():
-      self._tb.add_scalar(f'{prefix}/{name}', value, step)
     record = {'step': int(step), 'kind': prefix, **scalars}
     record.update({k: v for k, v in metrics.items() if isinstance(v, (list, dict))})
-    self._jsonl.write(json.dumps(record) + '\n')
-    self._jsonl.flush()
+    try:
+      with storage(self.jsonl_path, 'the metrics'):
+        self._jsonl.write(json.dumps(record) + '\n')
+        self._jsonl.flush()
+      with storage(self.tensorboard_dir, 'the TensorBoard events'):
+        now = time.time()
+        for name, value in scalars.items():
+          self._events.write_event(Event(wall_time=now, step=int(step),
+                                         summary=tb_summary.scalar(f'{prefix}/{name}', value)))
+        self._events.flush()
+    except StorageError:
+      self._failed = True
+      raise
 
   def close(self):
-    self._tb.close()
-    self._jsonl.close()
+    """Closes both files; after a failed write, closing keeps quiet (the write already said what failed)."""
+    for close in (self._events.close, self._jsonl.close):
+      try:
+        close()
+      except OSError:
+        if not self._failed:
+          raise
 
 
 def _drop_after(path: pathlib.Path, step: int) -> None:
