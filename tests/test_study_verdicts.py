@@ -37,9 +37,9 @@ WINDOWS = {'SWA-128': 8, 'SWA-512': 16, 'SWA-2048': 32}
 
 def _entry(accuracy, restricted, extrapolation=None, loss=None, formation=None, never=0, signal=None, window=None,
            first=None):
-  """A summary entry from per-seed values: accuracy / restricted {bucket: [per seed]}; `formation` the heads-based
-  formation steps, `first` the recall-based ones (default: the same), `signal` the gradient signal between the
-  windows."""
+  """A summary entry from per-seed values: accuracy / restricted {bucket: [per seed]}; `formation` the
+  ablation-based formation steps, `first` the recall-based ones (default: the same), `signal` the gradient signal
+  between the windows."""
   buckets = presets.BUCKETS
   acc = {b: spread(accuracy.get(b, [1.0, 1.0, 1.0])) for b in buckets}
   acc['all'] = spread(accuracy.get('all', [1.0, 1.0, 1.0]))
@@ -51,7 +51,7 @@ def _entry(accuracy, restricted, extrapolation=None, loss=None, formation=None, 
           'extrapolation': ext, 'held_out_loss': spread(loss or [0.5, 0.5, 0.5]),
           'gradient_signal': {b: spread(signal if b == BETWEEN and signal else [1.0] * len(heads)) for b in buckets},
           'formation': {'threshold': 0.5, 'ablation_threshold': 0.25,
-                        'heads': {'step': spread(heads), 'never': never},
+                        'ablation': {'step': spread(heads), 'never': never},
                         'first': {'step': spread(first or heads), 'never': never}}}
 
 
@@ -132,7 +132,7 @@ def test_laziness_reads_the_window_of_each_arch_not_the_order_of_the_summary():
 
 def test_laziness_counts_runs_that_never_formed_and_says_so():
   summary = _windowed([[500, 500, 750], [1000, 1250, 1000], [3250, 3250, 3250]])
-  summary['SWA-2048']['formation']['heads']['never'] = 3
+  summary['SWA-2048']['formation']['ablation']['never'] = 3
   v = _lazy(summary)
   assert v.status == REPRODUCED and '(3 never)' in v.text()
   never = _windowed([[3250] * 3] * 3, never=3)

@@ -69,12 +69,12 @@ def plot_report(report: dict, path) -> None:
   ax = axes[1, 1]
   for label in labels:
     for k, layer in enumerate(report['summary'][label]['ablation']):
-      curve = mean_curve(report, label, f'probe_recall_ablation_layer{layer}_{names[2]}')
+      curve = mean_curve(report, label, f'probe_recall_ablation_layer{layer}_all_{names[2]}')
       if curve:
         ax.plot(*zip(*curve), ('-', '--', ':', '-.')[k % 4], color=colors[label], marker='.',
                 label=f'{label} layer {layer}')
-  ax.axhline(settings['ablation_threshold'], color='k', lw=0.8, ls=':', label='retrieval head formed')
-  ax.set(title=f'recall lost by ablating the most needed full head\n{buckets[2]}', xlabel='step', ylim=(-0.05, 1.05))
+  ax.axhline(settings['ablation_threshold'], color='k', lw=0.8, ls=':', label='formed')
+  ax.set(title=f"recall lost by ablating a layer's full heads\n{buckets[2]}", xlabel='step', ylim=(-0.05, 1.05))
   ax = axes[1, 2]
   for label in labels:
     curve = _signal_curve(report, label, names[1])

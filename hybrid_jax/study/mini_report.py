@@ -88,8 +88,8 @@ def findings(report: dict) -> list[str]:
         f"{label}: final retrieval-head scores of its full-attention heads, attention mass on the queried record "
         f"(best head): " + '; '.join(mass) + f"; recall lost {_BEYOND} by ablating " + '; '.join(ablation) + '. ' +
         _formed(f['first'], f"recall {_BEYOND} reached {f['threshold']}", p['steps'], p['probe_every'], n) + '; ' +
-        _formed(f['heads'], f"a full head's ablation first cost {f['ablation_threshold']} there", p['steps'],
-                p['probe_every'], n) +
+        _formed(f['ablation'], f"ablating a layer's full heads first cost {f['ablation_threshold']} there",
+                p['steps'], p['probe_every'], n) +
         f"; gradient to the full layers' queries and keys up to step {p['signal_until']}: " +
         ', '.join(f"{b} {pm(e['gradient_signal'][b], 4)}" for b in BUCKETS) + '.')
   lines.append("Not shown: anything about the study's scales, token budgets, natural-text retrieval or 16K context.")

@@ -55,8 +55,8 @@ class Preset:
   # Long-range retrieval counts as formed at the first probe where recall beyond the large window (where only full
   # attention reaches) is at least this.
   formation_threshold: float = 0.5
-  # A full layer's retrieval counts as formed at the first probe where ablating its most important head lowers
-  # recall beyond the large window by at least this (the head-ablation score; chance recall is 0.1).
+  # A full layer's retrieval counts as formed at the first probe where ablating its full heads lowers recall beyond
+  # the large window by at least this (the head-ablation score; chance recall is 0.1).
   ablation_threshold: float = 0.25
   # The gradient signal that trains the full layers' queries and keys is read at the probes up to this step
   # (before any arch forms its retrieval circuit), so arches are compared at the same point of training.

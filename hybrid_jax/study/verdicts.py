@@ -161,26 +161,26 @@ def _points(summary: dict, labels, values) -> tuple[list, list]:
 def laziness(summary: dict, window_labels, probe_every: int, steps: int, caveat: str = '') -> Verdict:
   """A larger window delays the formation of the full layers' retrieval heads: the rank correlation between the
   window and the formation step over every run of the arches `window_labels` (small to large windows), read as a
-  trend (hybrid_jax.study.trend). The formation step of a run is summary[label]['formation']['heads'] (a full head
-  whose ablation costs recall beyond the large window); runs in which it never formed count as
+  trend (hybrid_jax.study.trend). The formation step of a run is summary[label]['formation']['ablation'] (a full
+  layer whose ablation costs recall beyond the large window); runs in which it never formed count as
   `steps + probe_every`. The recall-based formation step ('first') is reported beside it."""
   present = [label for label in window_labels if label in summary]
   if len(present) < 2:
     return Verdict('Large-window laziness', _LAZY_CLAIM, NOT_ASSESSABLE,
                    [f'needs at least two of {", ".join(window_labels)}.'], 'n/a')
   formation = lambda kind: (lambda e: e['formation'][kind]['step']['values'])
-  if all(summary[label]['formation']['heads']['never'] == len(summary[label]['seeds']) for label in present):
+  if all(summary[label]['formation']['ablation']['never'] == len(summary[label]['seeds']) for label in present):
     return Verdict('Large-window laziness', _LAZY_CLAIM, NOT_ASSESSABLE,
-                   [f'no run formed a retrieval head within {steps} steps.'], 'n/a')
-  heads = trend.trend(*_points(summary, present, formation('heads')))
+                   [f'no run formed long-range retrieval in its full layers within {steps} steps.'], 'n/a')
+  heads = trend.trend(*_points(summary, present, formation('ablation')))
   first = trend.trend(*_points(summary, present, formation('first')))
   verdict = _TREND_STATUS[trend.judge(heads, 'increasing')]
   per_arch = ', '.join(f"{label} (window {summary[label]['window']}) step "
-                       f"{pm(summary[label]['formation']['heads']['step'], 0)}" +
-                       (f" ({summary[label]['formation']['heads']['never']} never)"
-                        if summary[label]['formation']['heads']['never'] else '') for label in present)
-  evidence = [f'first probe (every {probe_every} steps) at which ablating a full head costs recall beyond the large '
-              f'window: {per_arch}; censored runs count as step {steps + probe_every}.',
+                       f"{pm(summary[label]['formation']['ablation']['step'], 0)}" +
+                       (f" ({summary[label]['formation']['ablation']['never']} never)"
+                        if summary[label]['formation']['ablation']['never'] else '') for label in present)
+  evidence = [f'first probe (every {probe_every} steps) at which ablating the full heads of a layer costs recall '
+              f'beyond the large window: {per_arch}; censored runs count as step {steps + probe_every}.',
               f'Trend of that step with the window: {trend.describe(heads)}: {verdict}.',
               f'The first step at which recall beyond the large window reaches the formation threshold: '
               f'{trend.describe(first)}.']
