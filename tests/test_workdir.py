@@ -153,3 +153,16 @@ def test_two_processes_take_over_once_and_stop_together(tmp_path):
   assert f'process {holder.pid} is gone' in logs[0] and 'taking over' not in logs[1]  # Process 0 took over.
   lease = workdir_lock.read_lease(workdir)
   assert lease['pid'] == pids[0] and lease['state'] == 'released'
+
+
+@pytest.mark.parametrize('content, why', [('not json {', 'not JSON'), ('[1, 2]', 'without the model, data, train'),
+                                          ('{"model": {}}', 'without the data, train section'),
+                                          (b'\xff\xfe', 'cannot be read')])
+def test_a_config_json_this_project_did_not_write_is_refused_not_overwritten(small, tmp_path, content, why):
+  path = tmp_path / 'config.json'
+  path.write_bytes(content if isinstance(content, bytes) else content.encode())
+  before = path.read_bytes()
+  with pytest.raises(runs.RunError) as error:
+    training.train(small, tmp_path)
+  assert why in str(error.value) and str(path) in str(error.value) and '\n' not in str(error.value)
+  assert path.read_bytes() == before and not (tmp_path / 'checkpoints').exists()

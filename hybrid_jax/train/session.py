@@ -7,6 +7,7 @@ process (they all stop with its message). Read-only commands (eval, analyze, col
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import socket
@@ -36,9 +37,11 @@ class Session:
     self.sessions = []  # The run's sessions, this one last, once start() has run.
 
   def claim(self) -> None:
-    """Takes the workdir and checks the config against the run's (process 0)."""
+    """Takes the workdir and checks the config against the run's (process 0); a config.json this project did not
+    write is refused, never overwritten."""
     self.lock = workdir_lock.WorkdirLock(self.workdir).acquire()
     try:
+      _check_config_file(self.lock.workdir / 'config.json')
       if runs.checkpoint_steps(self.workdir) and (self.lock.workdir / 'config.json').exists():
         run = config_history.flatten(runs.load_config(self.workdir))  # Its latest config, changes applied.
         self.allowed = config_history.check_resume(self.workdir, run, config_history.flatten(self.config))
@@ -92,3 +95,25 @@ def open_session(config, workdir):
     yield session
   finally:
     session.release()
+
+
+def _check_config_file(path) -> None:
+  """RunError unless `path` is absent or a run config (a JSON object with model, data and train sections): a fresh
+  run writes config.json, so a file of another kind there would be lost."""
+  try:
+    text = path.read_text()
+  except FileNotFoundError:
+    return
+  except (OSError, UnicodeDecodeError) as e:
+    raise runs.RunError(f'{path} cannot be read as a run config ({e}): move it away or choose another --workdir; '
+                        'training would write its own config.json there') from None
+  try:
+    saved = json.loads(text)
+  except ValueError as e:
+    saved, why = None, f'not JSON: {e}'
+  else:
+    missing = [k for k in ('model', 'data', 'train') if not isinstance(saved, dict) or k not in saved]
+    why = f'JSON without the {", ".join(missing)} section(s) of a run config' if missing else ''
+  if why:
+    raise runs.RunError(f'{path} is not a run config ({why}): move it away or choose another --workdir; training '
+                        'would write its own config.json there')
