@@ -67,6 +67,42 @@ def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():
                                                       {'data': 2, 'fsdp': 1, 'tensor': 1})
 
 
+@pytest.mark.parametrize('batch, accum, shape, ok', [
+    (8, 1, {'data': 8, 'fsdp': 1, 'tensor': 1}, True), (6, 1, {'data': 8, 'fsdp': 1, 'tensor': 1}, False),
+    (8, 2, {'data': 2, 'fsdp': 2, 'tensor': 2}, True), (8, 4, {'data': 2, 'fsdp': 2, 'tensor': 2}, False),
+    (6, 1, {'data': 1, 'fsdp': 1, 'tensor': 8}, True), (12, 1, {'data': 4, 'fsdp': 2, 'tensor': 1}, False)])
+def test_a_batch_that_does_not_split_over_the_mesh_is_refused_before_compiling(batch, accum, shape, ok):
+  t = _train_settings(batch, accum)
+  rules = rules_lib.parse_rules(small_config().parallel.rules)
+  if ok:
+    mesh_lib.check_batch(t, shape, rules)
+    return
+  with pytest.raises(mesh_lib.MeshError) as error:
+    mesh_lib.check_batch(t, shape, rules)
+  ways = shape['data'] * shape['fsdp']
+  message = str(error.value)
+  assert f'batch_size={batch}' in message and f'over the {ways} batch shards' in message and '\n' not in message
+  suggested = int(message.split('(e.g. ')[1].split(')')[0])
+  mesh_lib.check_batch(_train_settings(suggested, accum), shape, rules)  # the suggestion fits
+
+
+def _train_settings(batch, accum):
+  t = small_config().train
+  t.update(dict(batch_size=batch, grad_accum=accum))
+  return t
+
+
+def test_the_trainer_refuses_an_indivisible_batch_with_one_line_before_compiling(tmp_path):
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={tmp_path}',
+                         '--config.train.batch_size=6', '--config.train.steps=2'], capture_output=True, text=True,
+                        env=env, cwd=ROOT, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1 and 'batch_size=6 gives 6 rows a step' in errors[0] and 'Traceback' not in proc.stderr
+  assert not (tmp_path / 'checkpoints').exists()
+
+
 def test_rule_conflicts_and_unknown_axes_are_config_errors():
   c = small_config()
   c.parallel.rules.vocab = 'fsdp'  # The embedding table is (vocab, embed); embed is on fsdp too.

@@ -187,6 +187,22 @@ def batch_shards(mesh: Mesh, rules: dict) -> int:
   return math.prod(mesh.shape[a] for a in rules.get('batch', ()))
 
 
+def check_batch(train_cfg, mesh_shape_: dict, rules: dict) -> None:
+  """MeshError, before anything compiles, when a micro-batch (train.batch_size / train.grad_accum rows) does not
+  split evenly over the mesh axes the batch is sharded on; names both numbers and the fix."""
+  axes = [a for a in rules.get('batch', ()) if mesh_shape_.get(a, 1) > 1]
+  ways = math.prod(mesh_shape_[a] for a in axes)
+  rows = train_cfg.batch_size // max(1, train_cfg.grad_accum)
+  if rows % ways:
+    split = ' x '.join(f'{a} {mesh_shape_[a]}' for a in axes)
+    accum = f' / train.grad_accum={train_cfg.grad_accum}' if train_cfg.grad_accum > 1 else ''
+    fits = ways * max(1, -(-rows // ways)) * max(1, train_cfg.grad_accum)
+    raise MeshError(f'config.train.batch_size={train_cfg.batch_size}{accum} gives {rows} rows a step, which do not '
+                    f'split over the {ways} batch shards of the mesh ({split}): use a batch of a multiple of '
+                    f'{ways * max(1, train_cfg.grad_accum)} rows (e.g. {fits}) or fewer data-parallel ways '
+                    '(config.parallel.data / fsdp)')
+
+
 def sharding_report(model_def, rules: dict, mesh_shape_: dict) -> tuple[list[dict], str]:
   """(rows, text): every parameter's sharding and per-device size; flags tensors left (partly) replicated.
 

@@ -160,6 +160,7 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   warn_if_slow_on_cpu(config)
 
   mesh = mesh_lib.make_mesh(config.parallel)
+  mesh_lib.check_batch(t, dict(mesh.shape), rules_lib.parse_rules(config.parallel.rules))
   model_def = state_lib.make_model_def(config.model)
   tx = optim.make_optimizer(t)
   shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules),
