@@ -60,12 +60,11 @@ def plot_report(report: dict, path) -> None:
         f"documents of {report['extrapolation_length']} tokens ({settings['seq_len']} in training)")
   ax = axes[1, 0]
   for label in labels:
-    for j, style in zip(range(3), ('-', '--', ':')):
-      curve = mean_curve(report, label, f'probe_recall_accuracy_{names[j]}')
-      if curve:
-        ax.plot(*zip(*curve), style, color=colors[label], marker='.', label=f'{label}, {buckets[j]}')
+    curve = mean_curve(report, label, f'probe_recall_accuracy_{names[2]}')
+    if curve:
+      ax.plot(*zip(*curve), color=colors[label], marker='.', label=label)
   ax.axhline(report['formation_threshold'], color='k', lw=0.8, ls=':', label='formed (beyond the large window)')
-  ax.set(title='recall accuracy over training (probe)', xlabel='step', ylim=(0, 1.05))
+  ax.set(title=f'recall {buckets[2]} over training (probe)', xlabel='step', ylim=(0, 1.05))
   ax = axes[1, 1]
   for label in labels:
     for k, layer in enumerate(report['summary'][label]['ablation']):
@@ -85,8 +84,9 @@ def plot_report(report: dict, path) -> None:
          yscale='log')
   ax = axes[1, 3]
   ax.axis('off')
-  ax.text(0, 1, '\n\n'.join(textwrap.fill(v, 75) for v in report.get('verdicts', [])), va='top', fontsize=5.5,
-          family='monospace')
+  lines = [f"{name}: {status.upper()}" for name, status in report.get('verdict_status', {}).items()]
+  ax.text(0, 1, 'Verdicts (report.json holds the evidence):\n\n' + '\n\n'.join(textwrap.fill(line, 60) for line in lines),
+          va='top', fontsize=7, family='monospace')
   for ax in axes.ravel()[:-1]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
