@@ -6,8 +6,6 @@ instead of after a compile.
 
 import ast
 import difflib
-import importlib.machinery
-import importlib.util
 import math
 import pathlib
 import re
@@ -16,7 +14,9 @@ import shlex
 import ml_collections
 
 from hybrid_jax import checks
-from hybrid_jax.errors import InputError, UserError
+from hybrid_jax.data import recall
+from hybrid_jax.errors import ConfigError, InputError
+from hybrid_jax.user_files import call_file_function, load_python_file
 
 MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise', 'lightning', 'mamba2', 'gdn')
 MIXER_KINDS_RESERVED = ()  # Names known but not yet built (none at present).
@@ -33,10 +33,6 @@ SCHEDULES = ('wsd', 'cosine', 'constant')
 SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
 DTYPES = ('float32', 'bfloat16', 'float16')
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
-
-
-class ConfigError(UserError, ValueError):
-  """A config value is invalid; the message names the key, the value and what is allowed."""
 
 
 def key_parent(config, key: str, what: str):
@@ -97,40 +93,6 @@ def apply_overrides(config, tokens) -> list[str]:
   return applied
 
 
-def load_python_file(path, kind: str):
-  """Executes the Python file at `path` as a fresh module (config and sweep files are code, not imports)."""
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise ConfigError(f'{kind} file {str(path)!r} does not exist' if not file.exists() else
-                      f'{kind} file {str(path)!r} is a directory, not a Python file')
-  name = f'_hybrid_jax_{kind}_{file.stem}'  # An explicit loader: any file name is read as Python, not only *.py.
-  module_spec = importlib.util.spec_from_file_location(name, file, loader=importlib.machinery.SourceFileLoader(
-      name, str(file)))
-  module = importlib.util.module_from_spec(module_spec)
-  try:
-    module_spec.loader.exec_module(module)
-  except (SyntaxError, UnicodeDecodeError, ValueError) as e:  # Not Python text (ValueError: null bytes).
-    if isinstance(e, ValueError) and 'null bytes' not in str(e):
-      raise
-    where = f':{e.lineno}' if isinstance(e, SyntaxError) and e.lineno else ''
-    raise ConfigError(f'{kind} file {str(path)!r}{where} is not valid Python: {type(e).__name__}: '
-                      f'{getattr(e, "msg", None) or e}') from None
-  return module
-
-
-def call_file_function(module, name: str, arg, what: str):
-  """`module.name(arg)` of a config or sweep file; a ValueError or KeyError it raises (a bad argument) becomes a
-  ConfigError naming `what` (other exceptions are bugs in the file and keep their traceback)."""
-  if not callable(getattr(module, name, None)):
-    raise ConfigError(f'{what} defines no {name}(arg) function')
-  try:
-    return getattr(module, name)(arg)
-  except UserError:
-    raise
-  except (ValueError, KeyError) as e:
-    raise ConfigError(f'{what}: {name}({arg!r}) refused the argument: {e}') from None
-
-
 def file_arguments(arg, allowed, file: str, usage: str) -> dict:
   """A config or sweep file's `KEY=VALUE,...` argument as {key: text}; an item that is not KEY=VALUE with a key in
   `allowed` is a ConfigError naming the file and its `usage` (one parser for every file that takes arguments)."""
@@ -147,7 +109,8 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Loads `path/to/file.py[:arg]` the way absl's config_flags does, calling `get_config(arg)`."""
   path, _, arg = spec.partition(':')
   module = load_python_file(path, 'config')
-  return call_file_function(module, 'get_config', arg or None, f'config file {path!r}')
+  return call_file_function(module, 'get_config', arg or None, f'config file {path!r}', ml_collections.ConfigDict,
+                            'an ml_collections.ConfigDict (start from configs/base.py, which defines every key)')
 
 
 def resolve_path(path: str) -> str:
@@ -210,24 +173,20 @@ def _get(c, key):
 
 
 def _validate_recurrent(c, cycle):
-  """Shape fields of the recurrent mixers in the cycle; their errors name the key, value and what is allowed."""
+  """The recurrent mixers' fields, whatever the cycle; their errors name the key, value and what is allowed."""
   m = c.model
   for kind, fields in RECURRENT_SHAPE_FIELDS.items():  # Checked even when the cycle has no such layer: a bad
     for field in fields:                               # value there is a typo waiting for the next --config.
       _positive_int(c, f'model.{kind}.{field}')
   _positive_int(c, 'model.recurrent_chunk_size')
-  recurrent = [kind for kind in RECURRENT_SHAPE_FIELDS if kind in cycle]
-  if not recurrent:
-    return
   _choice(c, 'model.recurrent_implementation', RECURRENT_IMPLEMENTATIONS)
-  if 'lightning' in recurrent:
-    _choice(c, 'model.lightning.decay_rates', LIGHTNING_DECAY_RATES)
-    layer_decay = m.lightning.layer_decay
-    if not isinstance(layer_decay, bool):
-      _fail('model.lightning.layer_decay', layer_decay, 'must be True or False')
-    if layer_decay and m.scan_layers:
-      _fail('model.lightning.layer_decay', layer_decay,
-            'needs model.scan_layers=False (the per-layer decay factor differs between repeats of the cycle)')
+  _choice(c, 'model.lightning.decay_rates', LIGHTNING_DECAY_RATES)
+  layer_decay = m.lightning.layer_decay
+  if not isinstance(layer_decay, bool):
+    _fail('model.lightning.layer_decay', layer_decay, 'must be True or False')
+  if 'lightning' in cycle and layer_decay and m.scan_layers:
+    _fail('model.lightning.layer_decay', layer_decay,
+          'needs model.scan_layers=False (the per-layer decay factor differs between repeats of the cycle)')
 
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -244,10 +203,16 @@ def _leaf_keys(c, prefix=''):
 
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every key that shapes the model, data and training; returns the config unchanged."""
-  for key in _leaf_keys(load_config_file(str(BASE_CONFIG))):
+  known = list(_leaf_keys(load_config_file(str(BASE_CONFIG))))
+  for key in known:
     value = _get(c, key)  # Every default must be present: configs start from configs/base.py.
     if isinstance(value, float) and not math.isfinite(value):  # No key means anything by inf or nan.
       _fail(key, value, 'must be a finite number')
+  for key in _leaf_keys(c):  # A key no code reads is a typo (a config file's, like an override's): refused alike.
+    if key not in known:
+      near = difflib.get_close_matches(key, known, n=1)
+      hint = f'did you mean config.{near[0]}? ' if near else ''
+      raise ConfigError(f'config.{key} does not exist ({hint}keys are listed in configs/base.py)')
   for key in ('model.vocab_size', 'model.d_model', 'model.num_layers', 'model.num_heads', 'model.num_kv_heads',
               'model.head_dim', 'model.d_ff', 'data.seq_len', 'train.steps', 'train.batch_size',
               'train.grad_accum', 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints',
@@ -302,8 +267,8 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail('data.paths', d.paths, "must name a directory written by `pretokenize` when data.source='pretokenized'")
   if d.source == 'tfds' and not d.tfds_name:
     _fail('data.tfds_name', d.tfds_name, "must name a TFDS dataset when data.source='tfds'")
+  recall.check_fields(d.recall)  # Whatever the source: a bad value is a typo waiting for data.source=recall.
   if d.source == 'recall':
-    from hybrid_jax.data import recall  # pylint: disable=g-import-not-at-top  (imports this module)
     recall.settings(d)
   _number(c, 'data.worker_count', integer=True, nonnegative=True)  # 0 = in the main process.
   _nonneg_number(c, 'data.long_short_ratio')

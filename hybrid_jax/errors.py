@@ -13,3 +13,7 @@ class UserError(Exception):
 
 class InputError(UserError, ValueError):
   """A command-line value or path failed a shared check (hybrid_jax.checks)."""
+
+
+class ConfigError(UserError, ValueError):
+  """A config value or a config file is invalid; the message names the key, the value and what is allowed."""

@@ -75,7 +75,7 @@ def _plan_status(argv) -> int:
     (['--runs', TINY, TINY], 'identical'),
     (['--runs', TINY, '--mfu', '40'], 'mfu'),
     (['--sweep', 'configs/no_such_sweep.py:x'], 'does not exist'),
-    (['--sweep', 'configs/sweep.py:nosuch'], "sweep file 'configs/sweep.py': runs('nosuch') refused the argument"),
+    (['--sweep', 'configs/sweep.py:nosuch'], "in runs('nosuch'): ValueError: unknown sweep 'nosuch'"),
     (['--runs', TINY, '--tflops', 'inf'], "argument --tflops: 'inf' is invalid"),
 ])
 def test_bad_input_fails_clearly(argv, message, capsys):

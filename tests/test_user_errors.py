@@ -4,11 +4,9 @@ process: a Python per case would cost seconds each).
 The flag walk reads each command's parser and generates bad values from what each flag's check requires (zero,
 negative, inf, nan, letters, a fraction for an integer, a file for a directory and back, a missing path, an
 unwritable path); the config walk does the same for every numeric key. A value a command accepts would run it, so
-each parse stops at once when the parser accepts (`_Accepted`): the test then fails naming the flag and value.
+each parse stops at once when the parser accepts (`Accepted`): the test then fails naming the flag and value.
 """
 
-import argparse
-import contextlib
 import json
 import os
 import pathlib
@@ -18,78 +16,13 @@ import sys
 
 import pytest
 
-from hybrid_jax import checks, cli, command_line
+from hybrid_jax import checks, cli
+from tests.cli_walk import assert_one_line, leaf_parsers, run_main, parsers_seen
 from tests.conftest import ROOT, train_command
 
 # Parsers that are not built from the shared checks yet (another change owns their modules).
 NOT_WALKED = set()
 UNWRITABLE_ROOT = pathlib.Path('/sys')  # sysfs refuses new files even to root (modes do not stop root).
-
-
-class _Accepted(Exception):
-  """A parser accepted the arguments: with a bad value that means the check is missing."""
-
-
-@contextlib.contextmanager
-def _parsers_seen(stop_at=None):
-  """Records every command_line.ArgumentParser that parses; raises _Accepted once the parser `stop_at` accepts."""
-  seen, original = [], command_line.ArgumentParser.parse_known_args
-
-  def parse_known_args(self, args=None, namespace=None):
-    seen.append(self)
-    result = original(self, args, namespace)
-    if self.prog == stop_at:
-      raise _Accepted(f'{self.prog} accepted {args}')
-    return result
-
-  command_line.ArgumentParser.parse_known_args = parse_known_args
-  try:
-    yield seen
-  finally:
-    command_line.ArgumentParser.parse_known_args = original
-
-
-def _main(argv, capsys):
-  """(exit status, stderr) of `python -m hybrid_jax ARGV` run in this process."""
-  capsys.readouterr()
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(['hybrid_jax', *argv])
-  return exit_info.value.code, capsys.readouterr().err
-
-
-def _assert_one_line(status, err, *fragments):
-  lines = err.strip().splitlines()
-  assert status == 2 and len(lines) == 1 and lines[0].startswith('error: '), (status, err)
-  for fragment in fragments:
-    assert fragment in lines[0], lines[0]
-
-
-def _children(parser):
-  """Sub-command names of a parser: argparse sub-parsers, or a NAME choice followed by the rest of the line."""
-  for action in parser._actions:  # pylint: disable=protected-access
-    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
-      return list(action.choices)
-  positionals = [a for a in parser._actions if not a.option_strings]  # pylint: disable=protected-access
-  if len(positionals) == 2 and positionals[0].choices and positionals[1].nargs == argparse.REMAINDER:
-    return list(positionals[0].choices)
-  return []
-
-
-def _leaf_parsers(capsys):
-  """{command words: parser} of every command and sub-command, found through their --help."""
-  found, todo = {}, [[c] for c in [*cli.COMMANDS, *cli.RAW_COMMANDS]]
-  while todo:
-    words = todo.pop()
-    with _parsers_seen() as seen:
-      status, _ = _main([*words, '--help'], capsys)
-    assert status == 0, words
-    parser = seen[-1]
-    assert parser.prog == 'python -m hybrid_jax ' + ' '.join(words), parser.prog
-    children = _children(parser)
-    todo += [[*words, child] for child in children]
-    if not children:
-      found[tuple(words)] = parser
-  return found
 
 
 def _bad_numbers(bounds: dict) -> list[str]:
@@ -156,7 +89,7 @@ def _cases(parser, paths):
 
 
 def test_every_checked_flag_refuses_generated_bad_values(capsys, paths):
-  parsers = _leaf_parsers(capsys)
+  parsers = leaf_parsers(capsys)
   assert len(parsers) >= 20, sorted(parsers)
   walked, checked = 0, 0
   for words, parser in sorted(parsers.items()):
@@ -164,9 +97,9 @@ def test_every_checked_flag_refuses_generated_bad_values(capsys, paths):
       continue
     walked += 1
     for flag, argv in _cases(parser, paths):
-      with _parsers_seen(stop_at=parser.prog):
-        status, err = _main([*words, *argv], capsys)
-      _assert_one_line(status, err, f'argument {flag}')
+      with parsers_seen(stop_at=parser.prog):
+        status, err = run_main([*words, *argv], capsys)
+      assert_one_line(status, err, f'argument {flag}')
       checked += 1
   print(f'{checked} bad flag values across {walked} commands')
   assert checked >= 300 and walked >= 20
@@ -196,8 +129,8 @@ def test_every_numeric_config_key_refuses_generated_bad_values(capsys):
     cases += [(key, extra + [f'--config.{key}={v}']) for v in bad]
   refused = 0
   for key, overrides in cases:
-    status, err = _main(['params', *overrides], capsys)
-    _assert_one_line(status, err, key)
+    status, err = run_main(['params', *overrides], capsys)
+    assert_one_line(status, err, key)
     refused += 1
   print(f'{refused} bad config values')
   assert refused >= 400
@@ -216,8 +149,8 @@ def damaged_run(tiny_run, tmp_path):
 def test_eval_and_analyze_name_the_damaged_step_and_the_readable_ones(damaged_run, capsys):
   for argv in (['eval', '--workdir', str(damaged_run), '--tasks', 'ppl'],
                ['analyze', 'probing', '--workdir', str(damaged_run)]):
-    status, err = _main(argv, capsys)
-    _assert_one_line(status, err, 'the checkpoint at step 12', 'missing or damaged',
+    status, err = run_main(argv, capsys)
+    assert_one_line(status, err, 'the checkpoint at step 12', 'missing or damaged',
                      'readable steps: [8, 4] (choose one with --step 8)')
   assert (damaged_run / 'checkpoints' / '12').is_dir()  # Read-only commands move nothing.
 
@@ -227,7 +160,7 @@ def test_train_resumes_past_a_damaged_checkpoint_with_one_record_per_step(damage
   record per step (the steps trained twice: the later run's)."""
   argv = train_command(damaged_run, '--config.train.steps=12', '--config.train.checkpoint_every=4')[3:]
   with caplog.at_level('WARNING'):
-    status, err = _main(argv, capsys)
+    status, err = run_main(argv, capsys)
   assert status == 0, err
   [warning] = [r.getMessage() for r in caplog.records if 'cannot be restored' in r.getMessage()]
   assert 'the checkpoint at step 12' in warning and 'ocdbt.process_0/d/' in warning and 'falling back' in warning
@@ -258,8 +191,8 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
       (['params', '--config=/bin/sh'], ["config file '/bin/sh' is not valid Python"]),  # A binary file.
       (['bench', 'step', '--config=configs/hybrid.py:arch=gdn,scale=tiny', '--set', 'train.lr=inf', '--dry-run'],
        ['config.train.lr=inf is invalid']),
-      (['plan', '--sweep', 'configs/sweep.py:nosuch'], ["runs('nosuch') refused the argument"]),
-      (['compile-check', '--sweep', 'configs/sweep.py:nosuch'], ["runs('nosuch') refused the argument"]),
+      (['plan', '--sweep', 'configs/sweep.py:nosuch'], ["in runs('nosuch'): ValueError: unknown sweep 'nosuch'"]),
+      (['compile-check', '--sweep', 'configs/sweep.py:nosuch'], ["in runs('nosuch'): ValueError: unknown sweep 'nosuch'"]),
       (['plan', '--runs', 'configs/hybrid.py:arch=gdn,scale=s1', '--fit', str(binary)], ['not JSON']),
       (['compile-check', '--devices=-3'], ["argument --devices: '-3' is invalid: must be a positive integer"]),
       (['compile-check', '--devices=0'], ["argument --devices: '0' is invalid"]),
@@ -276,22 +209,22 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
   if 'unwritable' in paths:
     cases.append((['train', f'--workdir={paths["unwritable"]}'], ['cannot be written']))
   for argv, fragments in cases:
-    with _parsers_seen():  # (Not stopping: these are refused after parsing.)
-      status, err = _main(argv, capsys)
-    _assert_one_line(status, err, *fragments)
+    with parsers_seen():  # (Not stopping: these are refused after parsing.)
+      status, err = run_main(argv, capsys)
+    assert_one_line(status, err, *fragments)
   assert not (tmp_path / 'imported').exists() and not (tmp_path / 'tok').exists()
 
 
 def test_an_unknown_tfds_name_is_one_line_with_the_nearest_names(tmp_path, capsys):
-  status, err = _main(['pretokenize', f'--config={ROOT}/configs/base.py', '--config.data.source=tfds',
+  status, err = run_main(['pretokenize', f'--config={ROOT}/configs/base.py', '--config.data.source=tfds',
                        '--config.data.tfds_name=ag_news_subst', '--out', str(tmp_path / 'tok')], capsys)
-  _assert_one_line(status, err, "tfds_name='ag_news_subst'", 'Did you mean ag_news_subset')
+  assert_one_line(status, err, "tfds_name='ag_news_subst'", 'Did you mean ag_news_subset')
 
 
 def test_a_nan_stop_before_any_checkpoint_says_none_was_saved(tmp_path, capsys):
   argv = train_command(tmp_path / 'run', '--config.train.lr=1e30', '--config.train.steps=20',
                        '--config.train.warmup_steps=0', '--config.train.checkpoint_every=20')[3:]
-  status, err = _main(argv, capsys)
+  status, err = run_main(argv, capsys)
   error = [line for line in err.splitlines() if line.startswith('error: ')]
   assert status == 2 and len(error) == 1 and 'Traceback' not in err, err
   assert 'training loss is' in error[0] and 'No checkpoint was saved before it' in error[0]
@@ -307,12 +240,12 @@ def test_through_the_real_entry_point(tmp_path):
                          (['compile-check', '--devices=0'], "argument --devices: '0' is invalid")]:
     out = subprocess.run([sys.executable, '-m', 'hybrid_jax', *argv], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=300)
-    _assert_one_line(out.returncode, out.stderr, fragment)
+    assert_one_line(out.returncode, out.stderr, fragment)
 
 
 def test_hf_export_writes_files_with_the_umask_mode(tiny_run, tmp_path, capsys, caplog):
   with caplog.at_level('WARNING'):
-    status, err = _main(['hf', 'export', '--workdir', str(tiny_run), '--out', str(tmp_path / 'out')], capsys)
+    status, err = run_main(['hf', 'export', '--workdir', str(tiny_run), '--out', str(tmp_path / 'out')], capsys)
   assert status == 0, err
   notes = [r.getMessage() for r in caplog.records if 'read only' in r.getMessage() or 'read_only' in r.getMessage()]
   assert not notes  # Orbax's notes that a read-only read is read-only are dropped.

@@ -15,7 +15,7 @@ import collections
 
 import numpy as np
 
-from hybrid_jax.config import ConfigError
+from hybrid_jax.errors import ConfigError
 from hybrid_jax.data import sources
 
 PARQUET_SUFFIXES = ('.parquet',)

@@ -15,7 +15,7 @@ import grain
 import numpy as np
 
 from hybrid_jax import cores
-from hybrid_jax.config import ConfigError
+from hybrid_jax.errors import ConfigError
 from hybrid_jax.data import sources as sources_lib
 from hybrid_jax.data import tokenizers
 

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from hybrid_jax.config import ConfigError
+from hybrid_jax.errors import ConfigError
 from hybrid_jax.data import jsonl
 from hybrid_jax.errors import UserError
 

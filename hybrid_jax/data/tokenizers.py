@@ -11,7 +11,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from hybrid_jax.config import ConfigError
+from hybrid_jax.errors import ConfigError
 
 
 class Tokenizer(Protocol):

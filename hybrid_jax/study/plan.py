@@ -30,7 +30,8 @@ import shlex
 import sys
 
 from hybrid_jax import checks, command_line
-from hybrid_jax.config import ConfigError, call_file_function, load_python_file, load_run, resolve_path
+from hybrid_jax.config import ConfigError, load_run, resolve_path
+from hybrid_jax.user_files import call_file_function, load_python_file
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
 
@@ -38,9 +39,12 @@ def sweep_runs(spec: str) -> list[str]:
   """The run strings of a sweep `FILE[:NAME]`: FILE's `runs(NAME)` (NAME None when absent)."""
   path, _, name = spec.partition(':')
   module = load_python_file(resolve_path(path), 'sweep')
-  runs = list(call_file_function(module, 'runs', name or None, f'sweep file {path!r}'))
-  if not runs or not all(isinstance(r, str) for r in runs):
-    raise ConfigError(f'sweep {spec!r}: runs({name!r}) must return a non-empty list of config strings')
+  runs = list(call_file_function(module, 'runs', name or None, f'sweep file {path!r}', (list, tuple),
+                                 'a non-empty list of config strings'))
+  odd = next((r for r in runs if not isinstance(r, str)), None)
+  if not runs or odd is not None:
+    what = 'an empty list' if not runs else f'{type(odd).__name__} {odd!r} among its runs'
+    raise ConfigError(f'sweep {spec!r}: runs({name!r}) returned {what}; expected a non-empty list of config strings')
   return runs
 
 
