@@ -85,6 +85,14 @@ def path(value, what, *, kind=None, exists=True, writable=False, outside=None) -
                      'bucket on every host (Cloud Storage FUSE: gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and pass '
                      'the mounted path, e.g. /mnt/BUCKET/run1')
   p = pathlib.Path(os.path.expanduser(str(value)))
+  try:
+    return _checked_path(p, value, what, kind, exists, writable, outside)
+  except OSError as e:  # E.g. a name longer than the filesystem allows.
+    shown = str(value) if len(str(value)) <= 120 else f'{str(value)[:60]}... ({len(str(value))} characters)'
+    raise InputError(f'{what}={shown}: {e.strerror or e}') from None
+
+
+def _checked_path(p: pathlib.Path, value, what, kind, exists, writable, outside) -> pathlib.Path:
   if p.exists():
     if kind == 'dir' and not p.is_dir():
       raise InputError(f'{what}={value}: is a file, not a directory')
@@ -113,7 +121,7 @@ def _flag(check, requires: dict, name: str):
     try:
       return check(text)
     except InputError as e:
-      raise argparse.ArgumentTypeError(str(e).replace('<flag>=', '', 1)) from None
+      raise argparse.ArgumentTypeError(str(e).replace('<flag>=', '', 1).replace('<flag> ', '', 1)) from None
 
   parse.__name__ = name
   parse.requires = requires
@@ -144,6 +152,23 @@ def flag_numbers(words=(), **bounds):
     return out
 
   return _flag(check, {'numbers': bounds, 'words': words}, 'numbers')
+
+
+def flag_choices(allowed, what='values'):
+  """argparse `type=` for a comma-separated list (at least one) of names, each one of `allowed`."""
+  allowed = tuple(allowed)
+
+  def check(text):
+    parts = [part.strip() for part in text.split(',') if part.strip()]
+    if not parts:
+      raise InputError(f'<flag>={text!r} is invalid: give a comma-separated list of {what} ({", ".join(allowed)})')
+    unknown = [part for part in parts if part not in allowed]
+    if unknown:
+      raise InputError(f'<flag>={text!r} is invalid: {", ".join(map(repr, unknown))} not among the {what} '
+                       f'{", ".join(allowed)}')
+    return parts
+
+  return _flag(check, {'choices': allowed}, 'choices')
 
 
 def flag_path(**rules):

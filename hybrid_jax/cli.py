@@ -5,6 +5,7 @@ and bad input is one `error: …` line with exit status 2. The commands that rea
 and any number of `--config.KEY=VALUE` overrides, and validate it before anything compiles.
 """
 
+import argparse
 import json
 import os
 import pathlib
@@ -124,7 +125,7 @@ def _add_devices_flag(parser, what):
 
 
 def _add_train_flags(parser):
-  parser.add_argument('--workdir', default=None,
+  parser.add_argument('--workdir', default=None, type=checks.OUT_DIR,
                       help='run directory (checkpoints, metrics, report); None means runs/<config.name>')
 
 
@@ -132,13 +133,16 @@ def _add_shardings_flags(parser):
   _add_devices_flag(parser, '')
 
 
-def _comma_list(text):
-  return [part for part in text.split(',') if part]
+def _topologies(text):
+  parts = [part.strip() for part in text.split(',') if part.strip()]
+  if not parts:
+    raise argparse.ArgumentTypeError(f'{text!r} names no topology: give one or more, e.g. v5p:2x2x1,v6e:4x4')
+  return parts
 
 
 def _add_compile_check_flags(parser):
   _add_devices_flag(parser, '; without --topology that many CPU devices are faked')
-  parser.add_argument('--topology', type=_comma_list, default=None,
+  parser.add_argument('--topology', type=_topologies, default=None,
                       help="TPU topologies such as 'v5p:4x4x4,v6e:4x4' (libtpu compiles for them on any host; "
                       'no TPU needed)')
   parser.add_argument('--num_slices', type=checks.POSITIVE_INT, default=1,

@@ -6,6 +6,7 @@ hybrid_jax.errors.UserError. Unexpected internal errors are not caught and keep 
 """
 
 import argparse
+import errno
 import sys
 
 from hybrid_jax.errors import UserError
@@ -34,10 +35,24 @@ def fail(message: str):
   sys.exit(USAGE_ERROR)
 
 
+# Filesystem refusals that name a path: the path or the machine is at fault (a name too long, no space, no
+# permission, a read-only or missing folder), not the program, so they are one line like any user error.
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT,
+                errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY, errno.ELOOP, errno.EFBIG}
+
+
 def run(fn, *args) -> int:
-  """fn(*args)'s exit status; a user error becomes one `error: …` line and status 2."""
+  """fn(*args)'s exit status; a user error, or a filesystem refusal naming a path, becomes one `error: …` line and
+  status 2."""
   try:
     return fn(*args)
   except UserError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)  # A message listing several causes keeps a line for each.
+    return USAGE_ERROR
+  except OSError as e:
+    if e.errno not in _PATH_ERRNOS or not e.filename:
+      raise
+    path = str(e.filename)
+    shown = path if len(path) <= 120 else f'{path[:60]}...{path[-40:]} ({len(path)} characters)'
+    print(f'error: {shown}: {e.strerror}', file=sys.stderr, flush=True)
     return USAGE_ERROR

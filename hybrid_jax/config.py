@@ -267,9 +267,10 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _fail('data.paths', d.paths, "must name a directory written by `pretokenize` when data.source='pretokenized'")
   if d.source == 'tfds' and not d.tfds_name:
     _fail('data.tfds_name', d.tfds_name, "must name a TFDS dataset when data.source='tfds'")
-  recall.check_fields(d.recall)  # Whatever the source: a bad value is a typo waiting for data.source=recall.
   if d.source == 'recall':
     recall.settings(d)
+  else:  # Checked all the same: a bad value is a typo waiting for data.source=recall.
+    recall.check_fields(d.recall)
   _number(c, 'data.worker_count', integer=True, nonnegative=True)  # 0 = in the main process.
   _nonneg_number(c, 'data.long_short_ratio')
   _nonneg_number(c, 'data.long_doc_min_tokens')

@@ -239,7 +239,38 @@ def test_cli_import_run_then_export(tmp_path, capsys):
     np.testing.assert_array_equal(out[key], original[key], err_msg=key)
   np.testing.assert_array_equal(out['lm_head.weight'], original['model.embed_tokens.weight'])
   assert command_line.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
-  assert 'already holds a run' in capsys.readouterr().err
+  assert f"--workdir={tmp_path / 'run'} is not empty" in capsys.readouterr().err
+
+
+def test_hf_commands_write_over_no_file_without_a_word(tmp_path, capsys):
+  """A non-empty --out (export) or --workdir (import) is refused naming a file it holds, and the file survives;
+  export's --overwrite takes the folder over. A shard size under a byte and integer tensors are refused too."""
+  source = DATA / 'hf_llama_tied'
+  assert cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 0
+  for folder in ('out', 'into'):
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / 'notes.txt').write_text('mine')
+  cases = [(['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'out')], '--out='),
+           (['import', str(source), '--workdir', str(tmp_path / 'into')], '--workdir=')]
+  for argv, flag in cases:
+    capsys.readouterr()
+    assert command_line.run(cli.main, argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err and 'is not empty (it holds notes.txt)' in err, err
+  assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['notes.txt']
+  assert sorted(p.name for p in (tmp_path / 'into').iterdir()) == ['notes.txt']
+  assert cli.main(cases[0][0] + ['--overwrite']) == 0
+  assert (tmp_path / 'out' / 'notes.txt').read_text() == 'mine' and (tmp_path / 'out' / 'config.json').is_file()
+  assert command_line.run(cli.main, ['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'o2'),
+                                     '--max-shard-size', '0.5']) == 2
+  assert "--max-shard-size='0.5' is invalid" in capsys.readouterr().err and not (tmp_path / 'o2').exists()
+  ints = tmp_path / 'ints'
+  shutil.copytree(source, ints)
+  tensors = load_file(str(ints / io.WEIGHTS_FILE))
+  tensors['model.norm.weight'] = tensors['model.norm.weight'].astype(np.int32)
+  save_file(tensors, str(ints / io.WEIGHTS_FILE))
+  assert command_line.run(cli.main, ['import', str(ints), '--workdir', str(tmp_path / 'r2')]) == 2
+  assert "tensor 'model.norm.weight' is int32; only floating-point weights" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------- refusals

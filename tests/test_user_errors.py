@@ -46,14 +46,14 @@ def paths(tmp_path):
   (tmp_path / 'a_file').write_text('x')
   (tmp_path / 'a_dir').mkdir()
   out = {'file': tmp_path / 'a_file', 'dir': tmp_path / 'a_dir', 'missing': tmp_path / 'missing' / 'x',
-         'under_a_file': tmp_path / 'a_file' / 'sub'}
+         'under_a_file': tmp_path / 'a_file' / 'sub', 'too_long': tmp_path / ('n' * 300)}
   if UNWRITABLE_ROOT.is_dir() and not checks.can_write_in(UNWRITABLE_ROOT):
     out['unwritable'] = UNWRITABLE_ROOT / 'hybrid_jax_test' / 'out'
   return out
 
 
 def _bad_paths(rules: dict, paths: dict) -> list[str]:
-  values = []
+  values = ['', paths['too_long']]
   if rules.get('exists', True):
     values.append(paths['missing'])
   if rules.get('kind') == 'dir':
@@ -78,6 +78,8 @@ def _cases(parser, paths):
     elif 'numbers' in requires:
       values = _bad_numbers(requires['numbers'])
       values += [f'1,{v}' for v in values if v not in ('2.5',)][:2] + ['']
+    elif 'choices' in requires:
+      values = ['nosuch', f'{requires["choices"][0]},nosuch', '', ',']
     else:
       values = _bad_paths(requires['path'], paths)
     for value in values:
@@ -185,7 +187,7 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
   shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns('eval'))
   (run / 'eval').write_text('a file where eval writes its folder')
   cases = [
-      (['train', f'--workdir={a_file}'], [f'--workdir={a_file}: is a file, not a directory']),
+      (['train', f'--workdir={a_file}'], ['argument --workdir', f'{a_file}: is a file, not a directory']),
       (['train', f'--workdir={paths["under_a_file"]}'], ['is a file, so no folder can be made under it']),
       (['train', '--config.train.lr=inf'], ['config.train.lr=inf is invalid']),
       (['params', '--config=/bin/sh'], ["config file '/bin/sh' is not valid Python"]),  # A binary file.

@@ -21,6 +21,7 @@ import numpy as np
 from hybrid_jax import checks, command_line
 from hybrid_jax.bench import timing
 from hybrid_jax.kernels import attention
+from hybrid_jax.kernels.attention import IMPLEMENTATIONS
 
 # Per backend defaults. CPU ones finish in a minute or two; GPU ones are the anchor shapes (docs/BENCHMARKING.md).
 _DEFAULTS = {
@@ -51,7 +52,9 @@ def _parse(argv):
                  help='size n of the n x n x n GEMM ceiling (default 1024 CPU, 8192 else)')
   p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=1.0, help='time each measurement at least this long')
   p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default: float32 on CPU, else bf16')
-  p.add_argument('--impls', help='comma-separated implementations (default xla CPU, pallas_gpu,cudnn,xla GPU)')
+  impls = checks.flag_choices(('auto', *IMPLEMENTATIONS), 'attention implementations')
+  p.add_argument('--impls', type=impls,
+                 help='comma-separated implementations (default xla CPU, pallas_gpu,cudnn,xla GPU)')
   p.add_argument('--repeats', type=checks.POSITIVE_INT,
                  help='fewest timed runs per measurement (more until 1 s); median reported (default 5 CPU, 20 else)')
   p.add_argument('--timeout', type=checks.NONNEGATIVE, default=120.0,
@@ -73,7 +76,10 @@ def _parse(argv):
     args.seq_lens = ints(args.seq_lens)
   if isinstance(args.windows, str):
     args.windows = windows(args.windows)
-  args.impls = [i for i in args.impls.split(',') if i]
+  if isinstance(args.impls, str):  # The backend's default.
+    args.impls = impls(args.impls)
+  if args.heads % args.kv_heads:
+    p.error(f'--heads={args.heads} must be a multiple of --kv-heads={args.kv_heads} (grouped-query attention)')
   return args
 
 

@@ -146,6 +146,8 @@ def main(argv=None) -> int:
     p.error(f'unrecognized arguments: {" ".join(overrides)}')
   config = _config(args.config, overrides)
   specs = [s for s in args.tokenizers.split(',') if s] or [config.data.tokenizer]
+  for spec in specs:  # A bad tokenizer is refused before the table starts.
+    pipeline.tokenizers.get_tokenizer(spec)
   if args.make_tokenizers:
     specs += make_tokenizers(config, args.make_tokenizers)
   workers = args.workers

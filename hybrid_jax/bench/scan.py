@@ -36,6 +36,7 @@ from hybrid_jax.kernels import gated_delta_rule
 from hybrid_jax.kernels import gpu_smem
 from hybrid_jax.kernels import linear_scan
 from hybrid_jax.kernels.linear_scan import pallas_common as pc
+from hybrid_jax.kernels.linear_scan.api import IMPLEMENTATION_NAMES
 
 KERNELS = {'linear_scan': linear_scan, 'gated_delta_rule': gated_delta_rule}
 _DEFAULTS = {
@@ -54,13 +55,15 @@ FLA_NOTE = ('fla backward on Hopper with Triton < 3.7.1 is refused upstream (a m
 def _parse(argv):
   p = command_line.ArgumentParser(prog='python -m hybrid_jax bench scan', description=__doc__.split('\n')[0])
   ints = checks.flag_numbers(integer=True, positive=True)
-  names = lambda s: [x for x in s.split(',') if x]
   p.add_argument('--seq-lens', type=ints, help='comma-separated T values (default 1024,4096,16384 CPU; '
                  '2048,8192,32768 GPU/TPU)')
-  p.add_argument('--kernels', type=names, default=list(KERNELS), help=f'comma-separated, of {list(KERNELS)}')
-  p.add_argument('--impls', type=names, help='comma-separated implementations (default xla,reference CPU; '
+  p.add_argument('--kernels', type=checks.flag_choices(KERNELS, 'kernels'), default=list(KERNELS),
+                 help=f'comma-separated, of {list(KERNELS)}')
+  impls = checks.flag_choices(IMPLEMENTATION_NAMES, 'scan implementations')
+  p.add_argument('--impls', type=impls, help='comma-separated implementations (default xla,reference CPU; '
                  'pallas_gpu,xla GPU)')
-  p.add_argument('--baseline', help='implementation the speed-ups are relative to (default reference CPU, xla else)')
+  p.add_argument('--baseline', help='implementation the speed-ups are relative to, one of --impls (default '
+                 'reference CPU, xla else)')
   p.add_argument('--batch', type=checks.POSITIVE_INT, help='batch size (default: by device)')
   p.add_argument('--heads', type=checks.POSITIVE_INT, help='heads (default: by device)')
   p.add_argument('--head-dim', type=checks.POSITIVE_INT, help='K = V')
@@ -87,10 +90,10 @@ def _parse(argv):
       setattr(args, key, value)
   for key in ('seq_lens', 'impls'):
     if isinstance(getattr(args, key), str):
-      setattr(args, key, (ints if key == 'seq_lens' else names)(getattr(args, key)))
-  unknown = set(args.kernels) - set(KERNELS)
-  if unknown:
-    p.error(f'unknown kernels {sorted(unknown)}; choose from {list(KERNELS)}')
+      setattr(args, key, (ints if key == 'seq_lens' else impls)(getattr(args, key)))
+  if args.baseline not in args.impls:
+    p.error(f'argument --baseline: {args.baseline!r} is not one of the implementations timed (--impls '
+            f'{",".join(args.impls)})')
   return args
 
 

@@ -110,9 +110,10 @@ def _int(r, key, low):
   return value
 
 
-def check_fields(r) -> tuple:
-  """The recall fields `r` (config.data.recall) checked on their own, whatever the data source: a bad value there is
-  a typo waiting for the next `data.source=recall`. Returns them as Settings' fields after seq_len."""
+def check_fields(r, length: int | None = None) -> tuple:
+  """The recall fields `r` (config.data.recall) checked on their own, whatever the data source (a bad value there is
+  a typo waiting for the next `data.source=recall`), and against the document `length` when given. Returns them as
+  Settings' fields after the length."""
   pairs, klen, vlen = _int(r, 'pairs', 1), _int(r, 'key_length', 1), _int(r, 'value_length', 1)
   distractors = _int(r, 'distractors', 0)
   kchars, vchars = _int(r, 'key_chars', 1), _int(r, 'value_chars', 2)
@@ -128,11 +129,22 @@ def check_fields(r) -> tuple:
   if not ranges or any(len(x) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in x)
                        for x in ranges):
     _fail('distance_ranges', r.distance_ranges, 'must be a non-empty tuple of (low, high) integer pairs')
+  record = klen + vlen
+  if length is not None:
+    low, high = klen + 2, length - klen - 2 * vlen + 1  # Records apart by a gap; both inside the document.
+    for lo, hi in ranges:
+      if not low <= lo <= hi <= high:
+        _fail('distance_ranges', r.distance_ranges, f'each range must satisfy {low} <= low <= high <= {high} '
+              f'(records of {record} characters apart by a gap inside data.seq_len={length})')
   weights = tuple(r.distance_weights)
   if len(weights) != len(ranges) or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0
                                         for w in weights) or not sum(weights) > 0:
     _fail('distance_weights', r.distance_weights, f'must be {len(ranges)} numbers >= 0 (one per distance range), '
           'not all 0')
+  cells = (2 * pairs + distractors) * (record + 1)
+  if length is not None and cells > length // 2:
+    _fail('pairs', pairs, f'(2 * pairs + distractors) * (record + 1) = {cells} must be <= data.seq_len / 2 = '
+          f'{length // 2}, so that the records leave room to place them at the drawn distances')
   fraction = r.text_fraction
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
     _fail('text_fraction', fraction, 'must be in [0, 1)')
@@ -155,18 +167,7 @@ def settings(data_cfg) -> Settings:
     raise ConfigError(f"config.data.tokenizer={data_cfg.tokenizer!r} is invalid with data.source='recall': use "
                       "'byte' (distances and one document per row are counted in bytes)")
   length = int(data_cfg.seq_len)
-  s = Settings(length, *check_fields(data_cfg.recall))
-  record = s.key_length + s.value_length
-  low, high = s.key_length + 2, length - s.key_length - 2 * s.value_length + 1  # Records apart by a gap; both
-  for lo, hi in s.distance_ranges:                                              # inside the document.
-    if not low <= lo <= hi <= high:
-      _fail('distance_ranges', data_cfg.recall.distance_ranges, f'each range must satisfy {low} <= low <= high <= '
-            f'{high} (records of {record} characters apart by a gap inside data.seq_len={length})')
-  cells = (2 * s.pairs + s.distractors) * (record + 1)
-  if cells > length // 2:
-    _fail('pairs', s.pairs, f'(2 * pairs + distractors) * (record + 1) = {cells} must be <= data.seq_len / 2 = '
-          f'{length // 2}, so that the records leave room to place them at the drawn distances')
-  return s
+  return Settings(length, *check_fields(data_cfg.recall, length))
 
 
 def ascii_fold(text: str) -> str:

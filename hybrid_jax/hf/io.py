@@ -45,9 +45,11 @@ def _np_dtype(name: str):
 def parse_size(text) -> int:
   """Bytes of a size such as 5GB (10^9), 500MiB (2^20 each) or 1000000; HFError naming --max-shard-size if bad."""
   m = re.fullmatch(r'\s*(\d+(?:\.\d+)?)\s*([kmg]i?b|b)?\s*', str(text), re.I)
-  if not m or float(m.group(1)) <= 0:
-    raise HFError(f'--max-shard-size={text!r} is invalid: give a positive size such as 5GB, 500MB, 2GiB or bytes')
-  return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or '').lower()])
+  size = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or '').lower()]) if m else 0
+  if size < 1:
+    raise HFError(f'--max-shard-size={text!r} is invalid: give a positive size of at least one byte, such as 5GB, '
+                  '500MB, 2GiB or bytes')
+  return size
 
 
 def _umask_mode() -> int:

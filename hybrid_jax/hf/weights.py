@@ -220,6 +220,9 @@ def _read_checked(read, names, name, shape, dtype) -> np.ndarray:
   value = read(name)
   if tuple(value.shape) != tuple(shape):
     raise HFError(f'tensor {name!r} has shape {tuple(value.shape)}, but config.json implies {tuple(shape)}')
+  if value.dtype.kind != 'f' and value.dtype.name != 'bfloat16':  # Quantized or integer weights are not values.
+    raise HFError(f'tensor {name!r} is {value.dtype.name}; only floating-point weights are imported (dequantize the '
+                  'checkpoint first)')
   return np.asarray(value, dtype=np.float32).astype(dtype)
 
 
