@@ -19,7 +19,6 @@ from hybrid_jax.errors import ConfigError, InputError
 from hybrid_jax.user_files import call_file_function, load_python_file
 
 MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise', 'lightning', 'mamba2', 'gdn')
-MIXER_KINDS_RESERVED = ()  # Names known but not yet built (none at present).
 RECURRENT_IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'pallas_gpu', 'pallas_tpu')
 LIGHTNING_DECAY_RATES = ('closed_form', 'alibi_interleaved')  # hybrid_jax.models.mixers.lightning.decay_rates
 # Recurrent mixer kind -> its positive-integer shape fields under model.<kind>.
@@ -225,9 +224,6 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if not cycle:
     _fail('model.cycle', m.cycle, 'must name at least one layer kind')
   for kind in cycle:
-    if kind in MIXER_KINDS_RESERVED:
-      raise ConfigError(f'config.model.cycle contains {kind!r}: the {kind} mixer is not yet available in this '
-                        f'version of hybrid_jax; available kinds: {", ".join(MIXER_KINDS_AVAILABLE)}')
     if kind not in MIXER_KINDS_AVAILABLE:
       _fail('model.cycle', m.cycle, f'unknown kind {kind!r}; allowed kinds: {", ".join(MIXER_KINDS_AVAILABLE)}')
   window = m.window  # Checked even when no layer slides: a bad value is a typo waiting for the next cycle.

@@ -8,10 +8,6 @@ import sys
 
 from hybrid_jax import checks, command_line
 
-TOOLS = ('retrieval-heads', 'tracing', 'tracing-overlay', 'restriction', 'probing', 'gradient-influence')
-
-
-checks.IN_DIR = checks.IN_DIR
 
 
 def _parser() -> command_line.ArgumentParser:

@@ -123,10 +123,6 @@ def _terms(theta, formula, n, d):
   return np.stack(terms)
 
 
-def predict_log(theta, formula, n, d):
-  return special.logsumexp(_terms(theta, formula, n, d), axis=0)
-
-
 def _names(formula):
   return ('alpha', 'beta', 'B', 'C') + (('A',) if formula == 'chinchilla' else ())
 

@@ -22,8 +22,6 @@ recompute of Q K^T: a kernel's work, not the model's.)
 from hybrid_jax.models import pattern
 
 TRAIN_MULTIPLIER = 3  # forward + backward (2 x forward) in model FLOPs.
-ATTENTION_KINDS = ('full', 'swa', 'headwise')
-RECURRENT_KINDS = ('lightning', 'mamba2', 'gdn')
 
 
 def visible_pairs(t: int, window: int | None) -> int:

@@ -44,11 +44,6 @@ def layer_spec(model_cfg, index: int) -> LayerSpec:
   raise ValueError(f'unknown layer kind {kind!r} in model.cycle={cycle}')
 
 
-def cycle_specs(model_cfg) -> tuple[LayerSpec, ...]:
-  """Specs of one cycle of layers (the unit that a scanned model repeats)."""
-  return tuple(layer_spec(model_cfg, i) for i in range(min(len(tuple(model_cfg.cycle)), model_cfg.num_layers)))
-
-
 def stack_layout(model_cfg) -> tuple[int, int]:
   """(number of whole cycles, leftover layers) of the stack; leftovers run unscanned after the cycles."""
   period = len(tuple(model_cfg.cycle))

@@ -102,8 +102,6 @@ def gpu_blocks(head_dim, t, blocks=None, *, itemsize=2, budget=None):
   return dq._replace(fwd_q=fwd.fwd_q, fwd_k=fwd.fwd_k, fwd_stages=fwd.fwd_stages)
 
 
-GPU_HEAD_DIMS = (16, 32, 64, 128, 256)  # Power-of-two head dims the GPU kernel compiles for.
-GPU_ITEMSIZES = (2, 4)  # bf16/fp16, fp32.
 BLOCK_CAP_TS = (1, 16, 32, 64, 128, 1 << 20)  # One T per distinct cap gpu_blocks applies.
 
 
