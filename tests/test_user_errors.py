@@ -207,6 +207,10 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
        ["source='recall' is invalid for pretokenize", 'builtin, files, tfds, parquet']),
       (['eval', '--workdir', str(run), '--tasks', 'ppl'], ['--out (default: WORKDIR/eval)', 'is a file']),
       (['hf', 'export', '--workdir', str(run), '--out', str(run / 'checkpoints' / 'x')], ['is inside']),
+      (['eval', '--workdir', str(run), '--tasks', 'lm_eval:nosuch', '--out', str(tmp_path / 'ev')],
+       ["lm_eval task(s) 'nosuch' unknown"]),
+      (['analyze', 'retrieval-heads', '--workdir', str(run), '--length', '5', '--out', str(tmp_path / 'an')],
+       ['max_seq_length=5 leaves no room']),
   ]
   if 'unwritable' in paths:
     cases.append((['train', f'--workdir={paths["unwritable"]}'], ['cannot be written']))

@@ -7,7 +7,6 @@ correct boundary lets through.
 """
 
 import json
-import pathlib
 import textwrap
 
 import pytest

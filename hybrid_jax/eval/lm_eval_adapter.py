@@ -16,6 +16,10 @@ import numpy as np
 from hybrid_jax.eval.scoring import ModelScorer
 
 
+class UnknownTasks(ValueError):
+  """A task name lm-evaluation-harness does not know."""
+
+
 class NotInstalled(ImportError):
   """The optional lm_eval package is missing."""
 
@@ -110,7 +114,12 @@ def evaluate(scorer: ModelScorer, tasks: Sequence[str], *, max_length: int, batc
   """{task: {metric: value}} from `lm_eval.simple_evaluate` on our model (`include_path`: local task YAMLs)."""
   lm_eval, _ = _import_lm_eval()
   from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
-  task_manager = TaskManager(include_path=include_path) if include_path else None
+  task_manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+  unknown = [task for task in tasks if task not in task_manager.all_tasks]
+  if unknown:  # Named before any request runs (lm_eval raises a KeyError deep inside otherwise).
+    raise UnknownTasks(f'lm_eval task(s) {", ".join(map(repr, unknown))} unknown to lm-evaluation-harness '
+                       f'{lm_eval.__version__ if hasattr(lm_eval, "__version__") else ""} (its task names: '
+                       '`lm_eval --tasks list`; local YAMLs: --lm-eval-include DIR)')
   results = lm_eval.simple_evaluate(model=make_lm(scorer, max_length=max_length, batch_size=batch_size),
                                     tasks=list(tasks), limit=limit, random_seed=seed, numpy_random_seed=seed,
                                     task_manager=task_manager)

@@ -285,7 +285,7 @@ def run_lm_eval(ctx: Context, subtasks) -> tuple[dict, list[Row]]:
     results = lm_eval_adapter.evaluate(ctx.scorer, list(subtasks), max_length=max(ctx.settings.context_lengths),
                                        batch_size=ctx.settings.batch_size, seed=ctx.settings.seed,
                                        limit=ctx.settings.samples, include_path=ctx.settings.lm_eval_include)
-  except lm_eval_adapter.NotInstalled as e:
+  except (lm_eval_adapter.NotInstalled, lm_eval_adapter.UnknownTasks) as e:
     raise EvalError(str(e)) from e
   rows = [('lm_eval', '-', f'{task}/{metric}', value) for task, metrics in results.items()
           for metric, value in metrics.items() if isinstance(value, (int, float))]

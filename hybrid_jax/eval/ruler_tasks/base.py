@@ -12,6 +12,8 @@ import re
 import uuid
 from typing import Callable
 
+from hybrid_jax.errors import UserError
+
 DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / 'data'
 
 
@@ -59,8 +61,9 @@ def split_prompt(text: str, spec: dict) -> tuple[str, str]:
   return text[:at], text[at:]
 
 
-class ContextTooShort(ValueError):
-  """The requested max_seq_length cannot hold even the prompt with an empty haystack."""
+class ContextTooShort(UserError, ValueError):
+  """The requested max_seq_length cannot hold even the prompt with an empty haystack (a length the user asked for:
+  one line wherever it surfaces)."""
 
 
 def fit_size(make: Callable[[int], dict], cost: Callable[[dict], int], budget: int, *, min_size: int = 0,
