@@ -49,7 +49,7 @@ def good(fmt: str, suffix: str, tmp_path) -> bytes:
       'bytes': lambda: bytes(range(256)) * 64,
       'safetensors': lambda: _safetensors(tmp_path),
       'tokenizer': _tokenizer,
-  }['jsonl' if fmt == 'jsonl_docs' else fmt]()
+  }[{'jsonl_docs': 'jsonl', 'text_docs': 'text'}.get(fmt, fmt)]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,8 @@ class Kind:
 
 
 JSONS = {'json', 'json_list', 'jsonl', 'jsonl_docs', 'tokenizer'}
-ANY = {'json', 'json_list', 'jsonl', 'jsonl_docs', 'table', 'text', 'bytes', 'safetensors', 'tokenizer'}
+# *_docs: training documents, whose bytes that are not UTF-8 are read as U+FFFD (counted and warned about, no error).
+ANY = {'json', 'json_list', 'jsonl', 'jsonl_docs', 'table', 'text', 'text_docs', 'bytes', 'safetensors', 'tokenizer'}
 
 
 def _per_format(**contents):
@@ -81,7 +82,7 @@ def _truncated_gzip(fmt, suffix, tmp_path):
 KINDS = {
     'missing': Kind(ANY, lambda *_: None, {'*': ['no such file']}),
     'directory': Kind(ANY, lambda *_: 'dir', {'*': ['is a directory']}),
-    'binary': Kind(ANY - {'bytes'}, lambda *_: bytes(range(256)) * 4,
+    'binary': Kind(ANY - {'bytes', 'text_docs'}, lambda *_: bytes(range(256)) * 4,
                    {'safetensors': ['cannot be read as safetensors'], 'jsonl_docs': [':1: not JSON'],
                     '*': ['binary']}),
     'not UTF-8': Kind({'json', 'json_list', 'jsonl', 'table', 'text', 'tokenizer'}, _per_format(
@@ -171,6 +172,8 @@ READERS = {
                                lambda p: list(sources.iter_documents([(str(p), 'x')], KEY)), True),
     'sources.iter_documents (.gz)': ('x.jsonl.gz', 'jsonl_docs',
                                      lambda p: list(sources.iter_documents([(str(p), 'x')], KEY)), True),
+    'sources.iter_documents (.txt.gz)': ('x.txt.gz', 'text_docs',
+                                         lambda p: list(sources.iter_documents([(str(p), 'x')], KEY)), False),
 }
 READER_CASES = [(reader, kind) for reader, (name, fmt, _, keys) in READERS.items()
                 for kind in kinds_for(fmt, name, keys)]
@@ -270,6 +273,8 @@ COMMANDS = {
                                             'docs.jsonl.gz', 'jsonl_docs', keys=True),
     'train (pretokenized manifest)': Command([*TRAIN, '--config.data.source=pretokenized', '--config.data.paths={dir}'],
                                              'manifest.json', 'json', keys=True),
+    'train (data.paths .txt.gz)': Command([*TRAIN, '--config.data.source=files', '--config.data.paths={file}'],
+                                          'doc.txt.gz', 'text_docs'),
     'build-tfds': Command(['build-tfds', '{file}', '{tmp}/tfds'], 'docs.jsonl.gz', 'jsonl_docs', keys=True),
 }
 COMMAND_CASES = [(command, kind) for command, c in COMMANDS.items() for kind in kinds_for(c.fmt, c.name, c.keys, c.skip)]
