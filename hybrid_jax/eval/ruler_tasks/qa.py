@@ -78,7 +78,8 @@ class QA:
     else:
       raise ValueError(f'unknown QA dataset {dataset!r}')
     if not self.qas:
-      raise DataError(f'the {dataset} file holds no answerable question')
+      raise DataError(f'the {dataset} file {squad_path if dataset == "squad" else hotpotqa_path} holds no answerable '
+                      'question')
 
   def _question(self, index):
     if index >= len(self.qas):
