@@ -22,7 +22,7 @@ from typing import Iterator
 import numpy as np
 
 from hybrid_jax import readers
-from hybrid_jax.errors import ConfigError, DataError  # pylint: disable=unused-import  (DataError: re-exported)
+from hybrid_jax.errors import ConfigError, DataError  # DataError stays importable from here (sources.DataError).
 
 TEXT_SUFFIXES = ('.txt', '.txt.gz')
 JSONL_SUFFIXES = ('.jsonl', '.jsonl.gz')
