@@ -121,7 +121,10 @@ def resolve_path(path: str) -> str:
 
 def load_run(run: str):
   """(config spec, overrides, validated config) of one run string."""
-  tokens = shlex.split(run)
+  try:
+    tokens = shlex.split(run)
+  except ValueError as e:  # An unclosed quote.
+    raise ConfigError(f'run {run!r}: {e} (quote each value whole)') from None
   if not tokens:
     raise ConfigError('empty run string')
   spec = tokens[0].removeprefix('--config=')

@@ -17,3 +17,8 @@ class InputError(UserError, ValueError):
 
 class ConfigError(UserError, ValueError):
   """A config value or a config file is invalid; the message names the key, the value and what is allowed."""
+
+
+class DataError(UserError, ValueError):
+  """An input file (data, a table, a run directory's record) is missing or malformed; the message names the file
+  and, where known, the line or key (hybrid_jax.readers raises it for every structured format)."""

@@ -6,7 +6,6 @@ rewritten here (unlike training's resume, which sets unrestorable checkpoints as
 """
 
 import dataclasses
-import json
 import logging
 import pathlib
 import re
@@ -15,14 +14,18 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from hybrid_jax import readers
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
-from hybrid_jax.errors import UserError
+from hybrid_jax.errors import DataError, UserError
 from hybrid_jax.train import checkpoint, config_history, state as state_lib
 
 
 class RunError(UserError, ValueError):
   """A run directory is missing, incomplete, or its checkpoint does not match its config."""
+
+
+RUN_CONFIG_SECTIONS = ('model', 'data', 'train')  # Every run's config.json holds these.
 
 
 _URL = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
@@ -74,13 +77,10 @@ def load_config(workdir) -> ml_collections.ConfigDict:
   if not path.is_file():
     raise RunError(f'{workdir} is not a run directory: no config.json (train one with `python -m hybrid_jax train '
                    f'--workdir {workdir}`)')
-  try:
-    saved = json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise RunError(f'{path} is not valid JSON: {e}') from e
-  try:
+  try:  # A run directory's unreadable record is the run's problem: RunError (callers tell runs apart by it).
+    saved = readers.read_json(path, 'run config', required=RUN_CONFIG_SECTIONS)
     saved = config_history.apply(saved, config_history.read_sessions(workdir))
-  except ConfigError as e:
+  except (ConfigError, DataError) as e:
     raise RunError(str(e)) from e
   config = _with_new_defaults(saved, load_config_file(str(BASE_CONFIG)), path)
   try:

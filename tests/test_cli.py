@@ -94,7 +94,7 @@ def test_broken_jsonl_line_is_one_line(tmp_path):
   corpus = tmp_path / 'bad.jsonl'
   corpus.write_text('{"text": "a good first document"}\n{broken\n')
   _assert_user_error(_run('train', f'--workdir={tmp_path / "run"}', '--config.data.source=files',
-                          f'--config.data.paths={corpus}', *TINY), f'{corpus}:2: not valid JSON')
+                          f'--config.data.paths={corpus}', *TINY), f'{corpus}:2: not JSON')
 
 
 def test_missing_run_directory_is_one_line(tmp_path):

@@ -236,7 +236,7 @@ def test_files_source_errors(tmp_path):
   bad = tmp_path / 'bad.jsonl'
   bad.write_text('{"text": "ok"}\n{"text": oops}\n')
   cfg.paths = str(bad)
-  with pytest.raises(sources.DataError, match=r'bad\.jsonl:2: not valid JSON'):
+  with pytest.raises(sources.DataError, match=r'bad\.jsonl:2: not JSON'):
     sources.make_source(cfg, 'train')
   bad.write_text('{"text": "ok"}\n\n{"body": "no text"}\n')
   with pytest.raises(sources.DataError, match=r"bad\.jsonl:3: missing field\(s\) \['text'\] \(set config\.data"):

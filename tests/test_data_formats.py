@@ -82,7 +82,7 @@ def test_hf_tokenizer_refusals(tmp_path):
   with pytest.raises(ConfigError, match='missing.json'):
     tokenizers.get_tokenizer(str(tmp_path / 'missing.json'))
   (tmp_path / 'bad.json').write_text('{"not": "a tokenizer"}')
-  with pytest.raises(ConfigError, match='bad.json.*not a readable'):
+  with pytest.raises(sources.DataError, match='config.data.tokenizer .*bad.json: not a readable'):
     tokenizers.get_tokenizer(str(tmp_path / 'bad.json'))
   path = train_tokenizer_json(tmp_path / 'c', template=False, special=('<pad>',))
   with pytest.raises(ConfigError, match=r"no EOS token.*\['<pad>'\]"):

@@ -112,7 +112,8 @@ def test_tpu_hours_from_compile_check_rows(tmp_path, capsys):
 
 @pytest.mark.parametrize('content, chip, message', [
     (None, 'v5p', 'does not exist'), (b'\x7fELF\x02\x01\x01\xd0\xff', 'v5p', 'not JSON'), ('{', 'v5p', 'not JSON'), ('{"a": 1}', 'v5p', 'list of compile-check rows'),
-    ('[{"target": "v6e:2x4"}]', 'v5p', 'no rows for --chip v5p; it has v6e')])
+    ('[{"target": "v5p:2x2x1", "arch": "gdn"}]', 'v5p', "item 0: missing key(s) 'scale', 'seq_len'"),
+    (json.dumps([_fit_row('gdn', 'v6e:2x4')]), 'v5p', 'no rows for --chip v5p; it has v6e')])
 def test_bad_fit_files_fail_clearly(tmp_path, capsys, content, chip, message):
   fit = tmp_path / 'fit.json'
   if content is not None:

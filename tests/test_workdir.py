@@ -155,9 +155,9 @@ def test_two_processes_take_over_once_and_stop_together(tmp_path):
   assert lease['pid'] == pids[0] and lease['state'] == 'released'
 
 
-@pytest.mark.parametrize('content, why', [('not json {', 'not JSON'), ('[1, 2]', 'without the model, data, train'),
-                                          ('{"model": {}}', 'without the data, train section'),
-                                          (b'\xff\xfe', 'cannot be read')])
+@pytest.mark.parametrize('content, why', [('not json {', 'not JSON'), ('[1, 2]', 'a JSON list where a JSON object'),
+                                          ('{"model": {}}', "missing key(s) 'data', 'train'"),
+                                          (b'\xff\xfe', 'is not UTF-8')])
 def test_a_config_json_this_project_did_not_write_is_refused_not_overwritten(small, tmp_path, content, why):
   path = tmp_path / 'config.json'
   path.write_bytes(content if isinstance(content, bytes) else content.encode())

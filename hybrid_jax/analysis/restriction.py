@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from hybrid_jax import readers
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report, retrieval_heads
 from hybrid_jax.analysis.windowed import Restriction
-from hybrid_jax.data import jsonl
 from hybrid_jax.data.pipeline import make_eval_batches
 from hybrid_jax.errors import InputError
 from hybrid_jax.eval import longppl as longppl_lib
@@ -67,7 +67,7 @@ def longppl_metric(nll_fn, params, tokenizer, texts, spans, *, pad_to: int = 256
 
 def read_longppl_inputs(texts_path: str, spans_dir: str) -> tuple[list[str], list]:
   """Documents (JSONL, one {'text': ...} per line, document i <-> slice_<i>.txt) and their key spans."""
-  texts = [record['text'] for record in jsonl.read_records(texts_path, {'text': str})]
+  texts = [record['text'] for record in readers.read_jsonl(texts_path, '--longppl-texts', {'text': str})]
   spans = longppl_lib.read_span_dir(spans_dir)
   missing = [i for i in range(len(texts)) if i not in spans]
   if missing:

@@ -11,7 +11,6 @@ Fitting in log space with logsumexp keeps every term positive and the problem we
 magnitude of N and D. Goodness of fit (R², RMSE, MAE) is reported on y itself (ln of the metric with --log-metric).
 """
 
-import csv
 import dataclasses
 import itertools
 import json
@@ -23,7 +22,7 @@ import numpy as np
 from scipy import optimize, special
 from threadpoolctl import threadpool_limits
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks, command_line, readers
 from hybrid_jax.errors import InputError, UserError
 
 FORMULAS = ('no_constant', 'chinchilla')
@@ -89,13 +88,12 @@ def _tokens(row, n, index):
 def load_points(path, *, metric_column='loss', log_metric=False) -> Points:
   """Reads a TSV/CSV (delimiter sniffed from the extension) or a JSON list of records."""
   path = pathlib.Path(path)
-  if not path.is_file():
+  if not path.exists():
     raise FitDataError(f'data file {str(path)!r} does not exist')
   if path.suffix == '.json':
-    rows = json.loads(path.read_text())
+    rows = readers.read_json(path, '--data', expect=list, items=dict)
   else:
-    with open(path, newline='') as f:
-      rows = list(csv.DictReader(f, delimiter=',' if path.suffix == '.csv' else '\t'))
+    rows = readers.read_table(path, '--data')
   if not rows:
     raise FitDataError(f'{path}: no rows')
   sizes, ns, ds, ys = [], [], [], []

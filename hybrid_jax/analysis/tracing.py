@@ -8,12 +8,12 @@ For given heads (default: the top-4 attention-mass retrieval heads of the final 
 `overlay` draws several runs' traces on one figure (e.g. SWA-128 vs SWA-512 vs SWA-2048 vs Full).
 """
 
-import json
 import pathlib
 
 import numpy as np
 import tqdm
 
+from hybrid_jax import readers
 from hybrid_jax.analysis import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report, retrieval_heads
 from hybrid_jax.errors import InputError
@@ -106,6 +106,9 @@ def plot(result: dict, path, *, title: str = '') -> str:
   return str(report.save(fig, path))
 
 
+TRACE_KEYS = ('workdir', 'steps', 'mean_entropy', 'mean_qk_relative')  # What an overlay reads of each trace.
+
+
 def overlay(inputs, *, labels=None, out='.') -> dict:
   """Overlays the mean entropy and mean relative Q/K distance of several traces (run dirs or tracing.json files)."""
   traces = []
@@ -114,7 +117,7 @@ def overlay(inputs, *, labels=None, out='.') -> dict:
     path = path / 'analysis' / 'tracing.json' if path.is_dir() else path
     if not path.is_file():
       raise RunError(f'no trace at {path}: run `python -m hybrid_jax analyze tracing --workdir RUN` first')
-    traces.append(json.loads(path.read_text()))
+    traces.append(readers.read_json(path, 'trace', required=TRACE_KEYS))
   labels = list(labels) if labels else [pathlib.Path(t['workdir']).name for t in traces]
   if len(labels) != len(traces):
     raise InputError(f'{len(labels)} labels for {len(traces)} traces')

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks, command_line, readers
 from hybrid_jax.config import ConfigError, load_run
 from hybrid_jax.data import pipeline, pretokenized, sources
 
@@ -32,12 +32,8 @@ def _config(spec: str, overrides: list[str]):
 def required_tokens_per_s(compile_check_json: str | None, tokens_per_s: float | None, hosts: int) -> float | None:
   """Tokens/s one host must deliver: the fastest estimated step of a compile-check JSON / hosts, else the target."""
   if compile_check_json:
-    try:
-      with open(compile_check_json, 'rb') as f:
-        rows = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ConfigError(f'--compile-check {compile_check_json!r} is not JSON ({type(e).__name__}: {e})') from None
-    rows = rows if isinstance(rows, list) else []
+    rows = readers.read_json(compile_check_json, '--compile-check', expect=list,
+                             hint='expected a list of compile-check rows (compile-check --json)')
     rates = [r['estimate']['tokens_per_s'] for r in rows if isinstance(r, dict) and isinstance(r.get('estimate'), dict)
              and 'tokens_per_s' in r['estimate']]
     if not rates:

@@ -28,7 +28,7 @@ import grain
 import numpy as np
 import tqdm
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks, command_line, readers
 from hybrid_jax.config import ConfigError, load_run
 from hybrid_jax.data import pipeline, sources, tokenizers
 
@@ -148,12 +148,8 @@ def read_manifest(directory: str) -> dict:
   if not os.path.isfile(path):
     raise ConfigError(f'config.data.paths={directory!r} is invalid: no {MANIFEST} (write one with '
                       '`python -m hybrid_jax pretokenize`)')
-  try:
-    with open(path) as f:
-      manifest = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise sources.DataError(f'{path}: not a JSON manifest ({e})') from e
-  if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+  manifest = readers.read_json(path, 'pretokenized manifest', required=('format', 'tokenizer', 'splits'))
+  if manifest.get('format') != FORMAT:
     raise sources.DataError(f'{path}: not a {FORMAT!r} manifest')
   return manifest
 

@@ -12,7 +12,6 @@ split survives moving the corpus and never depends on Python's per-process `hash
 import dataclasses
 import difflib
 import glob
-import gzip
 import hashlib
 import logging
 import os
@@ -22,17 +21,12 @@ from typing import Iterator
 
 import numpy as np
 
-from hybrid_jax.errors import ConfigError
-from hybrid_jax.data import jsonl
-from hybrid_jax.errors import UserError
+from hybrid_jax import readers
+from hybrid_jax.errors import ConfigError, DataError  # DataError stays importable from here (sources.DataError).
 
 TEXT_SUFFIXES = ('.txt', '.txt.gz')
 JSONL_SUFFIXES = ('.jsonl', '.jsonl.gz')
 _SKIPPED_DIRS = ('site-packages', 'dist-packages', '__pycache__')
-
-
-class DataError(UserError, ValueError):
-  """Input data is malformed; the message names the file (and line) at fault."""
 
 
 def hash_fraction(identity: str) -> float:
@@ -190,15 +184,8 @@ def resolve_paths(paths: str, suffixes: tuple[str, ...] = TEXT_SUFFIXES + JSONL_
   return sorted(found.items())
 
 
-def _open(path: str):
-  return gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')
-
-
 def _jsonl_text(line: bytes, path: str, line_number: int, text_field: str) -> str:
-  try:
-    record = jsonl.parse_record(_decode(line), path, line_number, {text_field: str}, 'set config.data.text_field')
-  except jsonl.JsonlError as e:
-    raise DataError(str(e)) from None
+  record = readers.parse_record(_decode(line), path, line_number, {text_field: str}, 'set config.data.text_field')
   return record[text_field]
 
 
@@ -215,11 +202,12 @@ class Document:
 def iter_documents(files: list[tuple[str, str]], text_field: str) -> Iterator[Document]:
   """Every non-blank document of `files` (from `resolve_paths`): a whole .txt file or one JSONL line.
 
-  Raises DataError naming file and line for a JSONL line that is not JSON or lacks `text_field`; undecodable bytes
-  are replaced (U+FFFD), never dropped, and the document says so (`utf8` False).
+  Raises DataError naming file and line for a JSONL line that is not JSON or lacks `text_field`, and for a file
+  that cannot be read or a .gz file that is not gzip or is cut short; undecodable bytes are replaced (U+FFFD), never
+  dropped, and the document says so (`utf8` False).
   """
   for file_index, (path, identity) in enumerate(files):
-    with _open(path) as f:
+    with readers.open_text(path, binary=True) as f:
       if path.endswith(TEXT_SUFFIXES):
         data = f.read()
         text = _decode(data)
@@ -227,13 +215,13 @@ def iter_documents(files: list[tuple[str, str]], text_field: str) -> Iterator[Do
           yield Document(file_index, 0, len(data), identity, text, _is_utf8(data))
         continue
       offset = 0
-      for line_number, line in enumerate(f, 1):
+      for line in f:
         start, offset = offset, offset + len(line)
         if not line.strip():
           continue
-        text = _jsonl_text(line, path, line_number, text_field)
+        text = _jsonl_text(line, path, f.line_number, text_field)
         if text.strip():
-          yield Document(file_index, start, offset, f'{identity}:{line_number}', text, _is_utf8(line))
+          yield Document(file_index, start, offset, f'{identity}:{f.line_number}', text, _is_utf8(line))
 
 
 class FilesSource:
@@ -269,8 +257,7 @@ class FilesSource:
     if path.endswith('.gz'):
       data = self._gz_cache.get(path)
       if data is None:  # Shuffled reads jump between files, so keep each decompressed file (per process).
-        with gzip.open(path, 'rb') as f:
-          data = self._gz_cache.setdefault(path, f.read())
+        data = self._gz_cache.setdefault(path, readers.read_bytes(path))
       return data[start:end]
     with open(path, 'rb') as f:
       f.seek(start)

@@ -5,12 +5,12 @@ every tokenizer separates packed documents the same way.
 """
 
 import hashlib
-import json
 import os
 from typing import Protocol, Sequence
 
 import numpy as np
 
+from hybrid_jax import readers
 from hybrid_jax.errors import ConfigError
 
 
@@ -65,8 +65,7 @@ class SentencePieceTokenizer:
       raise ConfigError(f"config.data.tokenizer={path!r} is invalid: no such SentencePiece .model file (use 'byte' "
                         'or the path of a SentencePiece model)')
     self.path = path
-    with open(path, 'rb') as f:
-      proto = f.read()
+    proto = readers.read_bytes(path, 'config.data.tokenizer')
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=proto)
     except Exception as e:  # sentencepiece raises RuntimeError / OSError depending on the failure.
@@ -144,20 +143,13 @@ class HFTokenizer:
   """
 
   def __init__(self, path: str):
-    import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
     if not os.path.isfile(path):
       raise ConfigError(f'config.data.tokenizer={path!r} is invalid: no such tokenizer.json file')
     self.path = path
-    with open(path, 'rb') as f:
-      self._json = f.read()
-    try:
-      self._tok = hf_tokenizers.Tokenizer.from_str(self._json.decode('utf-8'))
-    except Exception as e:  # The Rust library raises its own Exception type for any parse failure.
-      raise ConfigError(f'config.data.tokenizer={path!r} is invalid: not a readable Hugging Face tokenizer.json '
-                        f'({e})') from e
+    spec, self._tok = readers.read_tokenizer_json(path, 'config.data.tokenizer')
     vocab = self._tok.get_vocab(with_added_tokens=True)
     self.vocab_size = max(vocab.values()) + 1  # Ids need not be dense; every id must fit the embedding.
-    bos, eos = self._special_names(json.loads(self._json))
+    bos, eos = self._special_names(spec)
     specials = sorted(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
     if eos is None or self._tok.token_to_id(eos) is None:
       raise ConfigError(f'config.data.tokenizer={path!r} is invalid: no EOS token found (looked for eos_token in '
@@ -169,8 +161,7 @@ class HFTokenizer:
   def _special_names(self, spec: dict) -> tuple[str | None, str | None]:
     sibling = os.path.join(os.path.dirname(self.path), 'tokenizer_config.json')
     if os.path.isfile(sibling):
-      with open(sibling, encoding='utf-8') as f:
-        cfg = json.load(f)
+      cfg = readers.read_json(sibling, 'tokenizer config')
       bos, eos = _token_content(cfg.get('bos_token')), _token_content(cfg.get('eos_token'))
       if eos:
         return bos, eos

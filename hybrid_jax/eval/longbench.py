@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Callable, Sequence
 
-from hybrid_jax.data import jsonl
+from hybrid_jax import readers
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent / 'data'
 TASK_INFO = {  # task: (metric, category, language)
@@ -69,7 +69,8 @@ def read_jsonl(path: str) -> list[dict]:
   """Samples of one task file in the official format; names the file and line of anything malformed."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f'LongBench file {path!r} does not exist (expected official-format JSONL)')
-  return jsonl.read_records(path, dict.fromkeys(('input', 'context', 'answers')), f'LongBench fields: {FIELDS}')
+  return readers.read_jsonl(path, 'LongBench file', dict.fromkeys(('input', 'context', 'answers')),
+                            f'LongBench fields: {FIELDS}')
 
 
 def build_prompt(task: str, sample: dict) -> str:

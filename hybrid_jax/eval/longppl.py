@@ -21,6 +21,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hybrid_jax import readers
+from hybrid_jax.errors import DataError
+
 _SPAN = re.compile(r'\[\s*(\d+)\s*,\s*(\d+)\s*\]')
 
 
@@ -51,11 +54,12 @@ def format_spans(spans: Sequence[tuple[int, int]]) -> str:
 def read_spans(path: str) -> list[tuple[int, int]]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f'key-span file {path!r} does not exist')
-  with open(path, encoding='utf-8') as f:
-    try:
-      return parse_spans(f.read())
-    except ValueError as e:
-      raise ValueError(f'{path}: {e}') from None
+  try:
+    return parse_spans(readers.read_text(path, 'key-span file'))
+  except DataError:
+    raise
+  except ValueError as e:
+    raise DataError(f'key-span file {path}: {e}') from None
 
 
 def write_spans(path: str, spans: Sequence[tuple[int, int]]) -> None:

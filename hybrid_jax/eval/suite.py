@@ -14,8 +14,9 @@ from typing import Callable, Sequence
 import numpy as np
 import tqdm
 
+from hybrid_jax import readers
 from hybrid_jax import runs as runs_lib
-from hybrid_jax.data import jsonl, pipeline, sources
+from hybrid_jax.data import pipeline, sources
 from hybrid_jax.errors import UserError
 from hybrid_jax.eval import longbench, longppl, niah, perplexity, position, ruler
 from hybrid_jax.eval.scoring import ModelScorer
@@ -117,10 +118,7 @@ def _read_longppl_documents(path) -> list[dict]:
                     '[[start, end], ...]} per line)')
   if not pathlib.Path(path).is_file():
     raise EvalError(f'--longppl-data={path}: no such file')
-  try:
-    docs = jsonl.read_records(path, {'text': str})
-  except jsonl.JsonlError as e:
-    raise EvalError(str(e)) from None
+  docs = readers.read_jsonl(path, '--longppl-data', {'text': str})
   for record in docs:
     if 'spans' in record:
       record['spans'] = [tuple(s) for s in record['spans']]

@@ -16,10 +16,11 @@ import re
 import shutil
 
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from hybrid_jax import readers
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
+from hybrid_jax.errors import DataError
 from hybrid_jax.hf import HFError, config_map, weights
 
 WEIGHTS_FILE = 'model.safetensors'
@@ -148,34 +149,25 @@ def read_hf_config(path) -> dict:
   config_file = path / 'config.json'
   if not config_file.is_file():
     raise HFError(f'{path} is not a transformers checkpoint directory: no config.json')
-  try:
-    return json.loads(config_file.read_text())
-  except json.JSONDecodeError as e:
-    raise HFError(f'{config_file} is not valid JSON: {e}') from e
-
-
-def _damaged(file, e) -> HFError:
-  return HFError(f'{file} cannot be read as safetensors (truncated or not safetensors?): {type(e).__name__}: {e}')
+  return readers.read_json(config_file, 'checkpoint config', hint="a transformers config.json: the model's settings")
 
 
 class TensorReader:
-  """Tensor names and lazy reads across one safetensors file or the shards of an index; a truncated, corrupt or
-  missing file is an HFError naming it."""
+  """Tensor names and lazy reads across one safetensors file or the shards of an index; a truncated or corrupt
+  file is a DataError naming it (hybrid_jax.readers), a shard the index lists but the folder lacks an HFError."""
 
   def __init__(self, path):
     path = pathlib.Path(path)
     if (path / INDEX_FILE).is_file():
-      try:
-        weight_map = json.loads((path / INDEX_FILE).read_text()).get('weight_map', {})
-      except (ValueError, AttributeError) as e:  # Not JSON, not UTF-8, or not an object.
-        raise HFError(f'{path / INDEX_FILE} is not a safetensors index: {type(e).__name__}: {e}') from None
+      index = readers.read_json(path / INDEX_FILE, 'safetensors index', required=('weight_map',))
+      weight_map = readers.check_shape(index['weight_map'], f'safetensors index {path / INDEX_FILE}: weight_map',
+                                       dict)
+      bad = [f'{name!r}: {shard!r}' for name, shard in weight_map.items() if not isinstance(shard, str)]
+      if bad:
+        raise DataError(f'safetensors index {path / INDEX_FILE}: weight_map names no file for {bad[0]}')
       self.files = {name: path / shard for name, shard in weight_map.items()}
     elif (path / WEIGHTS_FILE).is_file():
-      try:
-        with safe_open(str(path / WEIGHTS_FILE), framework='numpy') as f:
-          self.files = {name: path / WEIGHTS_FILE for name in f.keys()}
-      except Exception as e:  # pylint: disable=broad-except  # safetensors raises its own SafetensorError.
-        raise _damaged(path / WEIGHTS_FILE, e) from e
+      self.files = {name: path / WEIGHTS_FILE for name in readers.safetensors_names(path / WEIGHTS_FILE)}
     else:
       raise HFError(f'{path} holds no {WEIGHTS_FILE} or {INDEX_FILE} (only safetensors checkpoints are read)')
 
@@ -187,11 +179,7 @@ class TensorReader:
     file = self.files[name]
     if not file.is_file():
       raise HFError(f'{file}: listed in {INDEX_FILE} for tensor {name!r}, but missing')
-    try:
-      with safe_open(str(file), framework='numpy') as f:
-        return f.get_tensor(name)
-    except Exception as e:  # pylint: disable=broad-except  # safetensors raises its own SafetensorError.
-      raise _damaged(file, e) from e
+    return readers.read_tensor(file, name)
 
 
 def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable | None = None):
@@ -229,7 +217,7 @@ def _checkpoint_tokenizer(path: pathlib.Path, vocab_size: int) -> list[str]:
     return []
   try:
     tokenizer = tokenizers.get_tokenizer(str(path / files[0]))
-  except ConfigError as e:
+  except (ConfigError, DataError) as e:
     raise HFError(f'{path / files[0]} cannot be the imported run\'s tokenizer: {e}') from e
   if tokenizer.vocab_size > vocab_size:
     raise HFError(f'{path / files[0]} has {tokenizer.vocab_size} ids but config.json vocab_size={vocab_size}')

@@ -7,12 +7,12 @@ each layer index lives, so both layouts read and write the same tensors.
 """
 
 import dataclasses
-import json
 import pathlib
 from typing import Callable
 
 import numpy as np
 
+from hybrid_jax import readers
 from hybrid_jax.hf import HFError
 from hybrid_jax.models import pattern
 
@@ -82,12 +82,10 @@ DERIVED_SUFFIXES = ('rotary_emb.inv_freq',)  # Buffers older checkpoints saved; 
 def read_table(path) -> NameTable:
   """A NameTable from a JSON file {"top": {...}, "layer": {...}, "sinks": null | "..."}; every key is required."""
   path = pathlib.Path(path)
-  try:
-    data = json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError) as e:
-    raise HFError(f'tensor-name table {path}: {e}') from e
-  if not isinstance(data, dict) or set(data) - {'top', 'layer', 'sinks'}:
-    raise HFError(f'tensor-name table {path}: must be an object with keys top, layer and optionally sinks')
+  data = readers.read_json(path, 'tensor-name table')
+  if set(data) - {'top', 'layer', 'sinks'}:
+    raise HFError(f'tensor-name table {path}: unknown key(s) {sorted(set(data) - {"top", "layer", "sinks"})}: it '
+                  'holds top, layer and optionally sinks')
   for part, paths in (('top', TOP_PATHS), ('layer', LAYER_PATHS)):
     names = data.get(part)
     want = {'.'.join(p) for p in paths}

@@ -10,10 +10,9 @@ resume changed ('train.lr@13': from step 13 on; empty when the run trained as co
 """
 
 import csv
-import json
 import pathlib
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks, command_line, readers
 from hybrid_jax import runs as runs_lib
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.train import config_history
@@ -30,11 +29,8 @@ _EVAL_COLUMNS = {
 }
 
 
-def _read_json(path: pathlib.Path):
-  try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise runs_lib.RunError(f'{path} is not valid JSON: {e}') from e
+def _read_json(path: pathlib.Path, required=()) -> dict:
+  return readers.read_json(path, 'run record', required=required)
 
 
 def _packed_loss(final_eval: dict):
@@ -51,7 +47,7 @@ def collect_run(workdir) -> dict:
   if not report_path.is_file():
     raise runs_lib.RunError(f'{workdir} has no report.json (is the run finished? `python -m hybrid_jax train` '
                             'writes it at the end)')
-  report = _read_json(report_path)
+  report = _read_json(report_path, ('steps', 'batch_size', 'seq_len'))
   n = param_counts(config.model)['non_embedding']
   tokens = int(report['steps']) * int(report['batch_size']) * int(report['seq_len'])
   row = {'run': workdir.name, 'arch': config.model.arch, 'scale': config.model.scale, 'n': n,
@@ -63,13 +59,13 @@ def collect_run(workdir) -> dict:
   for task, keys in _EVAL_COLUMNS.items():
     path = eval_dir / f'{task}.json'
     if path.is_file():
-      for length, result in _read_json(path)['by_context'].items():
+      for length, result in _read_json(path, ('by_context',))['by_context'].items():
         for key, prefix in keys.items():
           if key in result:
             row[f'{prefix}_{length}'] = result[key]
   niah_path = eval_dir / 'niah.json'
   if niah_path.is_file():
-    for length, value in _read_json(niah_path)['by_context'].items():
+    for length, value in _read_json(niah_path, ('by_context',))['by_context'].items():
       row[f'niah_{length}'] = value
   return row
 

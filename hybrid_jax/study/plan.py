@@ -29,7 +29,7 @@ import re
 import shlex
 import sys
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks, command_line, readers
 from hybrid_jax.config import ConfigError, load_run, resolve_path
 from hybrid_jax.user_files import call_file_function, load_python_file
 from hybrid_jax.models.counting import param_counts
@@ -63,17 +63,16 @@ def plan_run(run: str, tflops: float, mfu: float) -> dict:
           'accelerator_hours': total / (tflops * 1e12 * mfu) / 3600}
 
 
+FIT_ROW_KEYS = ('target', 'arch', 'scale', 'seq_len', 'batch_size', 'chips')  # What a plan reads of every row.
+
+
 def load_fit_rows(path, chip: str) -> dict:
   """(arch, scale, seq_len) -> compile-check row on `chip` (e.g. 'v5p') from a compile-check JSON file."""
   if not pathlib.Path(path).exists():
     raise ConfigError(f'--fit {path}: no such file (write one with compile-check --json)')
   checks.path(path, '--fit', kind='file')
-  try:
-    rows = json.loads(pathlib.Path(path).read_bytes())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConfigError(f'--fit {path}: not JSON ({type(e).__name__}: {e})') from None
-  if not isinstance(rows, list) or not all(isinstance(r, dict) and 'target' in r for r in rows):
-    raise ConfigError(f'--fit {path}: expected a list of compile-check rows (compile-check --json)')
+  rows = readers.read_json(path, '--fit', expect=list, required=FIT_ROW_KEYS,
+                           hint='expected a list of compile-check rows (compile-check --json)')
   chips = sorted({r['target'].partition(':')[0] for r in rows})
   if chip not in chips:
     raise ConfigError(f'--fit {path}: no rows for --chip {chip}; it has {", ".join(chips) or "none"}')

@@ -16,6 +16,8 @@ import os
 import pathlib
 import time
 
+from hybrid_jax import readers
+from hybrid_jax.errors import DataError
 from hybrid_jax.train import workdir_lock
 
 RECORD = 'sweep.json'
@@ -25,10 +27,9 @@ _TAIL_BYTES = 1 << 16
 
 def read(workdir) -> dict:
   """The runner's record of the run ({} if none or unreadable)."""
-  path = pathlib.Path(workdir) / RECORD
   try:
-    return json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError):
+    return readers.read_json(pathlib.Path(workdir) / RECORD)
+  except DataError:
     return {}
 
 
@@ -44,9 +45,11 @@ def update(workdir, **fields) -> dict:
 
 
 def _json(path: pathlib.Path) -> dict:
+  """The JSON object of a file of the run; {} when it is missing or unreadable (the run is then described by the
+  rest)."""
   try:
-    return json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError):
+    return readers.read_json(path)
+  except DataError:
     return {}
 
 

@@ -20,6 +20,7 @@ import logging
 
 from etils import epath
 
+from hybrid_jax import readers
 from hybrid_jax.config import ConfigError
 
 IDENTITY, TRAINING, OPERATIONAL = 'identity', 'training', 'operational'
@@ -130,10 +131,8 @@ def read_sessions(workdir) -> list[dict]:
   path = epath.Path(workdir) / HISTORY_FILE
   if not path.exists():
     return []
-  try:
-    return json.loads(path.read_text())['sessions']
-  except (json.JSONDecodeError, KeyError, TypeError) as e:
-    raise ConfigError(f'{path} is not a config history ({type(e).__name__}: {e})') from e
+  history = readers.read_json(path, 'config history', required=('sessions',))
+  return readers.check_shape(history['sessions'], f'config history {path}: sessions', list, items=dict)
 
 
 def write_sessions(workdir, sessions: list[dict]) -> None:

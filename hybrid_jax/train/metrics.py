@@ -19,7 +19,7 @@ from tensorboardX import summary as tb_summary
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 
-from hybrid_jax.data import jsonl
+from hybrid_jax import readers
 from hybrid_jax.errors import UserError
 from hybrid_jax.parallel import chips
 
@@ -112,7 +112,7 @@ def _step_of(line: str) -> float:
 def read_jsonl(path) -> list[dict]:
   """All records of a metrics.jsonl; for steps logged twice (a resumed run), the later record wins."""
   latest = {}
-  for record in jsonl.read_records(path, {'kind': str, 'step': int}):
+  for record in readers.read_jsonl(path, required={'kind': str, 'step': int}):
     latest[(record['kind'], record['step'])] = record
   return sorted(latest.values(), key=lambda r: (r['kind'], r['step']))
 

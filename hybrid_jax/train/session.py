@@ -7,14 +7,14 @@ process (they all stop with its message). Read-only commands (eval, analyze, col
 
 import contextlib
 import itertools
-import json
 import logging
 import os
 import socket
 
 import jax
 
-from hybrid_jax import runs
+from hybrid_jax import readers, runs
+from hybrid_jax.errors import DataError
 from hybrid_jax.parallel import distributed
 from hybrid_jax.train import config_history, workdir_lock
 
@@ -100,20 +100,10 @@ def open_session(config, workdir):
 def _check_config_file(path) -> None:
   """RunError unless `path` is absent or a run config (a JSON object with model, data and train sections): a fresh
   run writes config.json, so a file of another kind there would be lost."""
-  try:
-    text = path.read_text()
-  except FileNotFoundError:
+  if not path.exists():
     return
-  except (OSError, UnicodeDecodeError) as e:
-    raise runs.RunError(f'{path} cannot be read as a run config ({e}): move it away or choose another --workdir; '
-                        'training would write its own config.json there') from None
   try:
-    saved = json.loads(text)
-  except ValueError as e:
-    saved, why = None, f'not JSON: {e}'
-  else:
-    missing = [k for k in ('model', 'data', 'train') if not isinstance(saved, dict) or k not in saved]
-    why = f'JSON without the {", ".join(missing)} section(s) of a run config' if missing else ''
-  if why:
-    raise runs.RunError(f'{path} is not a run config ({why}): move it away or choose another --workdir; training '
-                        'would write its own config.json there')
+    readers.read_json(path, 'run config', required=runs.RUN_CONFIG_SECTIONS)
+  except DataError as e:
+    raise runs.RunError(f'{e}; not a run config: move it away or choose another --workdir, training would write its '
+                        'own config.json there') from None

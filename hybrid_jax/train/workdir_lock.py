@@ -23,7 +23,8 @@ import uuid
 
 from etils import epath
 
-from hybrid_jax.errors import UserError
+from hybrid_jax import readers
+from hybrid_jax.errors import DataError, UserError
 
 LEASE_FILE = 'lock.json'
 TIMEOUT_S = 120.0  # A lease not renewed for this long is stale (holders on other hosts).
@@ -194,8 +195,8 @@ def read_lease(workdir) -> dict | None:
   """The lease in `workdir` (held or released), or None if there is none or it is unreadable."""
   path = epath.Path(workdir) / LEASE_FILE
   try:
-    return json.loads(path.read_text()) if path.exists() else None
-  except (json.JSONDecodeError, OSError):
+    return readers.read_json(path, 'lease') if path.exists() else None
+  except DataError:
     return None
 
 
@@ -224,8 +225,8 @@ class WorkdirLock:
   @staticmethod
   def _parse(text: str) -> dict | None:
     try:
-      return json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:  # Cut short by a crash mid-write: nobody's lease.
+      return readers.parse_json(text, 'lease') if text.strip() else None
+    except DataError:  # Cut short by a crash mid-write: nobody's lease.
       return None
 
   def acquire(self, *, renew_in_background: bool = True) -> 'WorkdirLock':

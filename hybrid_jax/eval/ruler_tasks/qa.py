@@ -5,29 +5,26 @@ answerable questions) and HotpotQA (`[{question, answer, context: [[title, sente
 """
 
 import functools
-import json
 import os
 import random
 
+from hybrid_jax import readers
+from hybrid_jax.errors import DataError
 from hybrid_jax.eval.ruler_tasks import base
 
 
-def _read_json(path: str | None, what: str, option: str):
+def _read_json(path: str | None, what: str, option: str, expect):
   if not path:
     raise FileNotFoundError(f'{what} needs a local {what.split()[0]} JSON file: pass {option}=PATH')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{option}={path!r} does not exist ({what} JSON file expected)')
-  try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f'{option}={path!r} is not valid JSON: {e}') from None
+  return readers.read_json(path, option, expect=expect, hint=f'the {what} format')
 
 
 @functools.cache
 def read_squad(path: str) -> tuple[list[str], list[dict]]:
   """(documents, questions): documents de-duplicated and sorted; each question knows its gold and same-article docs."""
-  data = _read_json(path, 'SQuAD (qa_1)', 'squad_path')
+  data = _read_json(path, 'SQuAD (qa_1)', 'squad_path', dict)
   try:
     articles = data['data']
     docs = sorted({p['context'] for a in articles for p in a['paragraphs']})
@@ -43,14 +40,14 @@ def read_squad(path: str) -> tuple[list[str], list[dict]]:
           qas.append({'query': q['question'], 'outputs': [a['text'] for a in q['answers']], 'gold': [gold],
                       'more': sorted(set(same) - {gold})})
   except (KeyError, TypeError) as e:
-    raise ValueError(f'squad_path={path!r} is not in SQuAD format (missing {e})') from None
+    raise DataError(f'squad_path={path!r} is not in SQuAD format ({type(e).__name__}: {e})') from None
   return docs, qas
 
 
 @functools.cache
 def read_hotpotqa(path: str) -> tuple[list[str], list[dict]]:
   """(documents, questions): a document is `title\\n` + its sentences joined; gold = supporting-fact paragraphs."""
-  data = _read_json(path, 'HotpotQA (qa_2)', 'hotpotqa_path')
+  data = _read_json(path, 'HotpotQA (qa_2)', 'hotpotqa_path', list)
   try:
     doc = lambda title, sentences: f'{title}\n{"".join(sentences)}'
     docs = sorted({doc(t, s) for item in data for t, s in item['context']})
@@ -63,7 +60,7 @@ def read_hotpotqa(path: str) -> tuple[list[str], list[dict]]:
       qas.append({'query': item['question'], 'outputs': [item['answer']], 'gold': gold,
                   'more': [i for _, i in own if i not in gold]})
   except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f'hotpotqa_path={path!r} is not in HotpotQA format ({type(e).__name__}: {e})') from None
+    raise DataError(f'hotpotqa_path={path!r} is not in HotpotQA format ({type(e).__name__}: {e})') from None
   return docs, qas
 
 
@@ -81,11 +78,12 @@ class QA:
     else:
       raise ValueError(f'unknown QA dataset {dataset!r}')
     if not self.qas:
-      raise ValueError(f'the {dataset} file holds no answerable question')
+      raise DataError(f'the {dataset} file {squad_path if dataset == "squad" else hotpotqa_path} holds no answerable '
+                      'question')
 
   def _question(self, index):
     if index >= len(self.qas):
-      raise ValueError(f'sample {index} needs question {index}, but the file holds {len(self.qas)} questions')
+      raise DataError(f'sample {index} needs question {index}, but the file holds {len(self.qas)} questions')
     return self.qas[index]
 
   def min_size(self, index):
