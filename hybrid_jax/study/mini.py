@@ -184,6 +184,7 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
   (out_dir / 'report.json').write_text(json.dumps(report, indent=2) + '\n')
   from hybrid_jax.study import mini_plot  # pylint: disable=g-import-not-at-top  (matplotlib only when plotting)
   mini_plot.plot_report(report, out_dir / 'report.png')
+  mini_plot.plot_seeds(report, out_dir / 'report_seeds.png')
   return report
 
 

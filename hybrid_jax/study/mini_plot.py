@@ -93,3 +93,32 @@ def plot_report(report: dict, path) -> None:
   fig.suptitle(f"mini-study on the recall task, preset {report['preset']}, seeds {report['seeds']}")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
+
+
+def plot_seeds(report: dict, path) -> None:
+  """One panel per arch: recall beyond the large window over training, one line per seed. The means of report.png
+  hide whether an arch forms late in every seed or forms in some seeds and never in others; this shows which."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  labels = list(report['summary'])
+  key = f"probe_recall_accuracy_{report['probe_names'][2]}"
+  columns = min(5, max(len(labels), 1))
+  rows = -(-len(labels) // columns)
+  fig = Figure(figsize=(3.2 * columns, 2.6 * rows))
+  axes = np.atleast_1d(fig.subplots(rows, columns, sharex=True, sharey=True, squeeze=False)).ravel()
+  for ax, label in zip(axes, labels):
+    runs = sorted((r for r in report['runs'].values() if r['label'] == label), key=lambda r: r['seed'])
+    for run in runs:
+      curve = run['curves'].get(key, [])
+      if curve:
+        ax.plot(*zip(*curve), lw=1, label=f"seed {run['seed']}")
+    ax.axhline(report['formation_threshold'], color='k', lw=0.8, ls=':')
+    ax.set(title=label, ylim=(0, 1.05))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=5)
+  for ax in axes[len(labels):]:
+    ax.axis('off')
+  for ax in axes[-columns:]:
+    ax.set_xlabel('step')
+  fig.suptitle(f"recall {report['buckets'][2]} over training, per seed (preset {report['preset']})")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)

@@ -135,7 +135,8 @@ PRESETS = {
     # 16 rows a step, 5,000 steps: nine arches a seed instead of four. A step of 16 rows takes 42 ms on one core
     # against 95 ms for 32 (SWA-128; GDN 69 against 117 ms), so a run costs 2.3-2.7x less than the former 32 x 6,000.
     # At seed 0 seven of nine arches learn every bucket (>= 0.96); Full and SWA-128-NoPE, the slowest formers at 32
-    # rows too, have not formed by step 5,000 (BENCHMARKS.md, the mini-study with every mixer).
+    # rows too, form in 2 of 5 seeds each by step 5,000 (BENCHMARKS.md, the mini-study at 5 seeds with NoPE and Full).
+    # One seed of the nine arches: 23:52 on 2 cores.
     'mini': Preset(**_MINI, model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, note='2 CPU cores, two runs at a time'),
     # Two cycles (sliding / full / sliding / full; 1:3 as three sliding layers under one full layer), so a sliding
     # layer above a full one can retrieve inside its window: the study's mechanism of laziness can act here.
