@@ -11,10 +11,9 @@ import pathlib
 import sys
 
 from hybrid_jax import checks, command_line, host_memory
-from hybrid_jax.config import apply_overrides, load_config_file, load_run, validate
+from hybrid_jax.config import apply_overrides, load_config_file, load_run, resolve_spec, validate
 
-DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'hybrid.py') + \
-    ':arch=swa128_nope,scale=tiny'
+DEFAULT_CONFIG = 'hybrid:arch=swa128_nope,scale=tiny'  # The packaged study grid (hybrid_jax/configs/hybrid.py).
 OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --config.train.steps=100 '
                   '--config.model.window=64); the keys and their defaults are in configs/base.py.')
 
@@ -209,7 +208,7 @@ def command_parser(command: str):
 
 def load_config(spec: str, overrides):
   """The validated config of `--config=FILE[:ARG]` and its `--config.KEY=VALUE` overrides, in order."""
-  config = load_config_file(spec)
+  config = load_config_file(resolve_spec(spec))
   apply_overrides(config, overrides)
   config.lock()
   return validate(config)

@@ -33,6 +33,9 @@ SCHEDULES = ('wsd', 'cosine', 'constant')
 SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
 DTYPES = ('float32', 'bfloat16', 'float16')
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
+# The packaged config files (a package of the install, so a wheel carries them); commands name them without a path.
+CONFIG_DIR = pathlib.Path(__file__).resolve().with_name('configs')
+BASE_CONFIG = CONFIG_DIR / 'base.py'  # Every key of a run and its default, documented.
 
 
 class ConfigError(UserError, ValueError):
@@ -150,11 +153,39 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   return call_file_function(module, 'get_config', arg or None, f'config file {path!r}')
 
 
+def packaged_config(path) -> pathlib.Path | None:
+  """The packaged config file (hybrid_jax/configs) that `path` names, or None.
+
+  A name such as `hybrid` names hybrid_jax/configs/hybrid.py; so does `configs/hybrid.py`, the repository's
+  experiment file of the same config, where that file is not there (an installed package run from another
+  directory, run strings written before the configs were packaged)."""
+  match = re.fullmatch(r'(\w+)|configs/(\w+)\.py', str(path))
+  name = match and (match.group(1) or match.group(2))
+  if not name or name.startswith('_') or not (CONFIG_DIR / f'{name}.py').is_file():
+    return None
+  return CONFIG_DIR / f'{name}.py'
+
+
 def resolve_path(path: str) -> str:
-  """A config or sweep file as given, else relative to the repository root (so plans run from anywhere)."""
-  if pathlib.Path(path).is_file() or not (_ROOT / path).is_file():
+  """The file a config or sweep spec's path names: the file at `path` when there is one (a real file always wins),
+  else the packaged config it names (`hybrid`, `sweep`: packaged_config), else `path` as given (whose loader then
+  says it does not exist)."""
+  if pathlib.Path(path).is_file():
     return path
-  return str(_ROOT / path)
+  packaged = packaged_config(path)
+  return str(packaged) if packaged else path
+
+
+def resolve_spec(spec: str) -> str:
+  """`FILE[:ARG]` with FILE resolved by resolve_path (`hybrid:arch=gdn,scale=s1` -> the packaged file's path)."""
+  path, sep, arg = spec.partition(':')
+  return resolve_path(path) + sep + arg
+
+
+def packaged_module(name: str, kind: str = 'config'):
+  """The packaged config or sweep file `name` (hybrid_jax/configs/NAME.py) as a fresh module: what an experiment
+  file starts from, e.g. `packaged_module('hybrid').get_config(arg)`."""
+  return load_python_file(CONFIG_DIR / f'{name}.py', kind)
 
 
 def load_run(run: str):
@@ -162,10 +193,8 @@ def load_run(run: str):
   tokens = shlex.split(run)
   if not tokens:
     raise ConfigError('empty run string')
-  spec = tokens[0].removeprefix('--config=')
-  path, sep, arg = spec.partition(':')
-  spec = resolve_path(path) + sep + arg
-  config = load_config_file(spec)
+  spec = tokens[0].removeprefix('--config=')  # Kept as given: a packaged config's name resolves the same anywhere.
+  config = load_config_file(resolve_spec(spec))
   try:
     overrides = apply_overrides(config, tokens[1:])
     return spec, overrides, validate(config)
@@ -230,8 +259,6 @@ def _validate_recurrent(c, cycle):
             'needs model.scan_layers=False (the per-layer decay factor differs between repeats of the cycle)')
 
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
-BASE_CONFIG = _ROOT / 'configs' / 'base.py'
 
 
 def _leaf_keys(c, prefix=''):

@@ -54,6 +54,17 @@ def test_command_help_lists_flags_with_defaults(command, flags):
     assert flag in out.stdout, flag
 
 
+def test_packaged_configs_by_name_from_another_directory(tmp_path):
+  """`--config=hybrid:ARG` from a directory without configs/ is the packaged grid, as is the repository's spelling
+  `configs/hybrid.py:ARG` there."""
+  by_file = _run('params', f'--config={HYBRID}:arch=gdn,scale=s1')
+  assert by_file.returncode == 0 and '"non_embedding"' in by_file.stdout, by_file.stderr
+  for spec in ('hybrid:arch=gdn,scale=s1', 'configs/hybrid.py:arch=gdn,scale=s1'):
+    elsewhere = _run('params', f'--config={spec}', cwd=tmp_path)
+    assert (elsewhere.returncode, elsewhere.stdout) == (0, by_file.stdout), elsewhere.stderr
+  _assert_user_error(_run('params', '--config=nosuch:arch=gdn', cwd=tmp_path), "config file 'nosuch' does not exist")
+
+
 def test_every_command_help_exits_0_in_process(capsys):
   """The same parsers, in one process (a subprocess each would cost seconds): every flag has a help line."""
   for command in [*cli.COMMANDS, *cli.RAW_COMMANDS, 'bench attention', 'bench scan', 'bench decode', 'bench step',

@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax import checks, command_line
-from hybrid_jax.config import BASE_CONFIG, load_config_file
+from hybrid_jax.config import CONFIG_DIR, load_config_file
 from hybrid_jax.train import state as state_lib
 
 
 def measure(arch, scale, context, steps, pure=False):
   """One row; `pure` makes every layer the arch's efficient kind (e.g. all SWA), isolating its cost."""
-  cfg = load_config_file(f'{BASE_CONFIG.parent / "hybrid.py"}:arch={arch},scale={scale}').model
+  cfg = load_config_file(f'{CONFIG_DIR / "hybrid.py"}:arch={arch},scale={scale}').model
   if pure:
     cfg.cycle = (tuple(cfg.cycle)[0],)
   model_def, params = state_lib.init_model(cfg, 0)

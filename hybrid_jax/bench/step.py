@@ -33,7 +33,7 @@ import numpy as np
 
 from hybrid_jax import checks, command_line
 from hybrid_jax.bench import profile
-from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, validate
+from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, resolve_spec, validate
 from hybrid_jax.models import flops as flops_lib, pattern
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import metrics, optim, state as state_lib, step as step_lib
@@ -63,7 +63,7 @@ def _parse(argv):
 
 def load_config(spec, *, seq_len=None, batch_size=None, grad_accum=None, overrides=()):
   """The validated config of `spec` with the benchmark's overrides applied (clear errors for unknown keys)."""
-  config = load_config_file(spec)
+  config = load_config_file(resolve_spec(spec))
   values = [('data.seq_len', seq_len), ('train.batch_size', batch_size), ('train.grad_accum', grad_accum)]
   for item in overrides:
     key, sep, value = item.partition('=')

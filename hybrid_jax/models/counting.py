@@ -73,11 +73,11 @@ def mixer_matching_table(scales=('tiny', 's1', 's2', 's3', 's4', 's5')) -> list[
 
   Reads configs/hybrid.py, so the table always describes the shapes that runs actually build.
   """
-  from hybrid_jax.config import BASE_CONFIG, load_config_file  # Deferred: config files import hybrid_jax.config.
+  from hybrid_jax.config import CONFIG_DIR, load_config_file  # Deferred: config files import hybrid_jax.config.
   rows = []
   for scale in scales:
     for kind in MATCHED_KINDS:
-      cfg = load_config_file(f'{BASE_CONFIG.with_name("hybrid.py")}:arch={kind},scale={scale}').model
+      cfg = load_config_file(f'{CONFIG_DIR / "hybrid.py"}:arch={kind},scale={scale}').model
       attention, mixer = attention_params(cfg), _MIXER_PARAMS[kind](cfg)
       rows.append({'scale': scale, 'd_model': cfg.d_model, 'kind': kind, 'attention': attention, 'mixer': mixer,
                    'shape': {f: cfg[kind][f] for f in _SHAPE_FIELDS[kind]}, 'ratio': mixer / attention})

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from hybrid_jax import checks, command_line, cores, runs as runs_lib, training
-from hybrid_jax.config import BASE_CONFIG, ConfigError
+from hybrid_jax.config import CONFIG_DIR, ConfigError
 from hybrid_jax.data import pipeline, recall_store
 from hybrid_jax.study import mini_report, mini_scoring as scoring, verdicts
 from hybrid_jax.study.presets import (ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS, Preset, extrapolation_data,
@@ -37,7 +37,7 @@ from hybrid_jax.sweep import runner as sweep_runner
 
 RESULT_FILE = 'mini_result.json'
 STORE_DIR = 'recall_documents'  # Under the output directory: the training documents, generated once for all runs.
-SWEEP_FILE = BASE_CONFIG.parent / 'sweep.py'  # Its sweep `mini` holds the study's runs (configs/mini.py).
+SWEEP_FILE = CONFIG_DIR / 'sweep.py'  # Its sweep `mini` holds the study's runs (packaged config `mini`).
 
 
 def _settings_key(label: str, preset: Preset, seed: int) -> dict:

@@ -10,7 +10,7 @@ holds every preset's shapes within 5% of its attention layer.
 import copy
 import dataclasses
 
-from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
+from hybrid_jax.config import CONFIG_DIR, ConfigError, load_config_file, validate
 from hybrid_jax.data import recall as recall_data
 from hybrid_jax.models import pattern
 
@@ -183,7 +183,7 @@ def select_arches(spec: str | None, preset: Preset | None = None) -> list[str]:
 def run_config(label: str, preset: Preset, seed: int = 0):
   """The validated train config of one arch of the preset (ConfigError for an arch the preset does not hold)."""
   arch, role = ARCHES[label]
-  c = load_config_file(f'{BASE_CONFIG.parent / "hybrid.py"}:arch={arch},scale={preset.scale}')
+  c = load_config_file(f'{CONFIG_DIR / "hybrid.py"}:arch={arch},scale={preset.scale}')
   c.name = f'mini_{arch}_seed{seed}'
   c.seed = seed
   c.data.update(dict(source='recall', tokenizer='byte', seq_len=preset.seq_len, long_short_ratio=0.0))
