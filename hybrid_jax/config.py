@@ -51,7 +51,7 @@ def key_parent(config, key: str, what: str):
       near = difflib.get_close_matches(part, list(node.keys()) if isinstance(node, ml_collections.ConfigDict)
                                        else [], n=1)
       hint = f'did you mean {path}.{near[0]}? ' if near else ''
-      raise ConfigError(f'{what}: config.{key} does not exist ({hint}keys are listed in configs/base.py)')
+      raise ConfigError(f'{what}: config.{key} does not exist ({hint}keys are listed in {BASE_CONFIG})')
     parent, node, path = node, node[part], f'{path}.{part}'
   return parent, leaf
 
@@ -233,7 +233,8 @@ def _get(c, key):
   node = c
   for part in key.split('.'):
     if part not in node:
-      raise ConfigError(f'config.{key} is missing (start from configs/base.py, which defines every key)')
+      raise ConfigError(f'config.{key} is missing (start from the packaged base config, {BASE_CONFIG}, which '
+                        'defines every key)')
     node = node[part]
   return node
 
@@ -272,7 +273,7 @@ def _leaf_keys(c, prefix=''):
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every key that shapes the model, data and training; returns the config unchanged."""
   for key in _leaf_keys(load_config_file(str(BASE_CONFIG))):
-    value = _get(c, key)  # Every default must be present: configs start from configs/base.py.
+    value = _get(c, key)  # Every default must be present: configs start from the packaged base config.
     if isinstance(value, float) and not math.isfinite(value):  # No key means anything by inf or nan.
       _fail(key, value, 'must be a finite number')
   for key in ('model.vocab_size', 'model.d_model', 'model.num_layers', 'model.num_heads', 'model.num_kv_heads',

@@ -3,7 +3,8 @@
 import ml_collections
 import pytest
 
-from hybrid_jax.config import CONFIG_DIR, ConfigError, load_config_file, load_run, resolve_path, resolve_spec, validate
+from hybrid_jax.config import (BASE_CONFIG, CONFIG_DIR, ConfigError, apply_override, load_config_file, load_run,
+                               resolve_path, resolve_spec, validate)
 from tests.conftest import ROOT, study_config
 
 AVAILABLE = ['full', 'swa128', 'swa512', 'swa2048', 'swa128_nope', 'swa128_1to3', 'swa128_headwise',
@@ -104,6 +105,12 @@ def test_the_repositorys_configs_folder_has_one_file_per_packaged_config():
   packaged = {p.name for p in CONFIG_DIR.glob('*.py')} - {'__init__.py'}
   assert packaged == {'base.py', 'hybrid.py', 'mini.py', 'sweep.py'}
   assert {p.name for p in (ROOT / 'configs').glob('*.py')} == packaged
+
+
+def test_an_unknown_key_names_the_packaged_base_config():
+  with pytest.raises(ConfigError) as error:
+    apply_override(study_config(), 'model.windw', '64')
+  assert f'keys are listed in {BASE_CONFIG})' in str(error.value) and BASE_CONFIG.is_file()
 
 
 def test_missing_config_file():

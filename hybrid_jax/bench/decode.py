@@ -43,8 +43,8 @@ def measure(arch, scale, context, steps, pure=False):
 
 def main(argv=None) -> int:
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax bench decode', description=__doc__)
-  parser.add_argument('--arches', default='full,swa128,gdn', help='comma-separated architectures (configs/hybrid.py)')
-  parser.add_argument('--scale', default='tiny', help='model scale (configs/hybrid.py)')
+  parser.add_argument('--arches', default='full,swa128,gdn', help='comma-separated arches of the config hybrid')
+  parser.add_argument('--scale', default='tiny', help='model scale (of the config hybrid)')
   parser.add_argument('--contexts', default='1024,4096,16384', type=checks.flag_numbers(integer=True, positive=True),
                       help='comma-separated context lengths L')
   parser.add_argument('--steps', type=checks.POSITIVE_INT, default=30, help='timed decode steps per row')

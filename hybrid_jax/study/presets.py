@@ -1,4 +1,4 @@
-"""The mini-study's arches and presets, and the train config of one run (`configs/mini.py` builds the same).
+"""The mini-study's arches and presets, and the train config of one run (the config `mini` builds the same).
 
 Scaled down, windows keep their role rather than their size: at a 64-token context a 2048-token window would be
 full attention, so each preset maps the study's small, middle and large windows (128 / 512 / 2048) onto its own
@@ -14,7 +14,7 @@ from hybrid_jax.config import CONFIG_DIR, ConfigError, load_config_file, validat
 from hybrid_jax.data import recall as recall_data
 from hybrid_jax.models import pattern
 
-# Study label -> (arch in configs/hybrid.py, which window its sliding layers use: 'small' | 'middle' | 'large' |
+# Study label -> (arch in the config `hybrid`, which window its sliding layers use: 'small' | 'middle' | 'large' |
 # None for no sliding layer). The report lists arches in this order.
 ARCHES = {'SWA-128': ('swa128', 'small'), 'SWA-512': ('swa512', 'middle'), 'SWA-2048': ('swa2048', 'large'),
           'SWA-128-NoPE': ('swa128_nope', 'small'), 'SWA-128-1:3': ('swa128_1to3', 'small'),
@@ -163,7 +163,7 @@ PRESETS = {
 
 
 def label_of(name: str, what: str) -> str:
-  """The study label `name` stands for (a label or an arch name, any case), for --arches and configs/mini.py alike;
+  """The study label `name` stands for (a label or an arch name, any case), for --arches and the config `mini` alike;
   ConfigError naming `what` (the flag or argument and its whole value) otherwise."""
   names = {label.lower(): label for label in ARCHES} | {arch: label for label, (arch, _) in ARCHES.items()}
   if name.strip().lower() not in names:
