@@ -1,29 +1,15 @@
-"""One run of the mini-study as a config: `configs/mini.py:arch=swa128,preset=mini,seed=0`.
+"""One run of the mini-study: an experiment file that takes its config from the packaged one,
+hybrid_jax/configs/mini.py (its arguments are documented there; `--config=mini:ARG` names it without this file).
 
-The config is exactly the one `python -m hybrid_jax study --preset PRESET` trains for that arch and seed
-(hybrid_jax.study.presets.run_config), named `mini_<arch>_seed<seed>` as the study names its run directories, so a
-sweep can train the study's runs (`sweep run --sweep configs/sweep.py:mini --root DIR`) and `study --out DIR` then
-only scores them.
-
-Arguments: arch (a study label such as SWA-128 or GDN, or its arch name such as swa128 or gdn), preset
-(default mini; one of the study's --preset choices) and seed (default 0).
+It changes nothing, so `--config=configs/mini.py:arch=gdn,seed=1` is the packaged `mini:arch=gdn,seed=1`. To start
+an experiment of your own, copy this file (e.g. to configs/my_mini.py), change keys where it says so, and run
+`--config=configs/my_mini.py:arch=gdn`.
 """
 
-from hybrid_jax import checks
-from hybrid_jax.config import ConfigError, file_arguments
-from hybrid_jax.study import presets
-
-_USAGE = 'arch=NAME[,preset=NAME][,seed=K]'
+from hybrid_jax.config import packaged_module
 
 
 def get_config(arg=None):
-  fields = {'preset': 'mini', 'seed': '0', **file_arguments(arg, ('arch', 'preset', 'seed'), 'configs/mini.py',
-                                                           _USAGE)}
-  if 'arch' not in fields:
-    raise ConfigError(f'configs/mini.py: give {_USAGE}; arches: {", ".join(presets.ARCHES)} '
-                      f'(or {", ".join(arch for arch, _ in presets.ARCHES.values())})')
-  if fields['preset'] not in presets.PRESETS:
-    raise ConfigError(f'configs/mini.py: preset={fields["preset"]!r} is unknown; allowed: {", ".join(presets.PRESETS)}')
-  label = presets.label_of(fields['arch'], f'configs/mini.py: arch={fields["arch"]!r}')
-  seed = checks.number(fields['seed'], 'configs/mini.py: seed', integer=True, nonnegative=True)
-  return presets.run_config(label, presets.PRESETS[fields['preset']], seed)
+  c = packaged_module('mini').get_config(arg)
+  # An experiment's own changes go here, e.g. `c.train.lr = 1e-3`.
+  return c

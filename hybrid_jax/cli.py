@@ -12,12 +12,12 @@ import pathlib
 import sys
 
 from hybrid_jax import checks, command_line, host_memory
-from hybrid_jax.config import apply_overrides, load_config_file, load_run, validate
+from hybrid_jax.config import BASE_CONFIG, apply_overrides, load_config_file, load_run, resolve_spec, validate
 
-DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'hybrid.py') + \
-    ':arch=swa128_nope,scale=tiny'
+DEFAULT_CONFIG = 'hybrid:arch=swa128_nope,scale=tiny'  # The packaged study grid (hybrid_jax/configs/hybrid.py).
 OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --config.train.steps=100 '
-                  '--config.model.window=64); the keys and their defaults are in configs/base.py.')
+                  '--config.model.window=64); the keys and their defaults are in the packaged base config, '
+                  f'{BASE_CONFIG}.')
 
 
 def _workdir(args, config) -> pathlib.Path:
@@ -116,7 +116,8 @@ def cmd_compile_check(args, config):
 
 def _add_config_flags(parser):
   parser.add_argument('--config', default=DEFAULT_CONFIG, metavar='FILE[:ARG]',
-                      help="config file and its argument, e.g. configs/hybrid.py:arch=gdn,scale=s1 (get_config(ARG))")
+                      help='a packaged config (hybrid, base, mini) or a config file, and its argument '
+                      '(get_config(ARG)), e.g. hybrid:arch=gdn,scale=s1 or configs/hybrid.py:arch=gdn,scale=s1')
 
 
 def _add_devices_flag(parser, what):
@@ -149,7 +150,7 @@ def _add_compile_check_flags(parser):
                       help='slices of each topology, joined over the data-center network (multislice; the dcn_* '
                       'mesh axes)')
   parser.add_argument('--sweep', default=None, metavar='FILE:NAME',
-                      help='check every distinct step of a sweep (e.g. configs/sweep.py:main) instead of --config')
+                      help='check every distinct step of a sweep (e.g. sweep:main) instead of --config')
   parser.add_argument('--memory_budget_gib', type=checks.flag_number(positive=True), default=None,
                       help="the per-device memory limit in GiB (default: the chip's HBM; needed for CPU meshes)")
   parser.add_argument('--json', default=None, metavar='FILE',
@@ -213,7 +214,7 @@ def command_parser(command: str):
 
 def load_config(spec: str, overrides):
   """The validated config of `--config=FILE[:ARG]` and its `--config.KEY=VALUE` overrides, in order."""
-  config = load_config_file(spec)
+  config = load_config_file(resolve_spec(spec))
   apply_overrides(config, overrides)
   config.lock()
   return validate(config)

@@ -32,6 +32,9 @@ SCHEDULES = ('wsd', 'cosine', 'constant')
 SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
 DTYPES = ('float32', 'bfloat16', 'float16')
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
+# The packaged config files (a package of the install, so a wheel carries them); commands name them without a path.
+CONFIG_DIR = pathlib.Path(__file__).resolve().with_name('configs')
+BASE_CONFIG = CONFIG_DIR / 'base.py'  # Every key of a run and its default, documented.
 
 
 def key_parent(config, key: str, what: str):
@@ -43,7 +46,7 @@ def key_parent(config, key: str, what: str):
       near = difflib.get_close_matches(part, list(node.keys()) if isinstance(node, ml_collections.ConfigDict)
                                        else [], n=1)
       hint = f'did you mean {path}.{near[0]}? ' if near else ''
-      raise ConfigError(f'{what}: config.{key} does not exist ({hint}keys are listed in configs/base.py)')
+      raise ConfigError(f'{what}: config.{key} does not exist ({hint}keys are listed in {BASE_CONFIG})')
     parent, node, path = node, node[part], f'{path}.{part}'
   return parent, leaf
 
@@ -109,14 +112,43 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   path, _, arg = spec.partition(':')
   module = load_python_file(path, 'config')
   return call_file_function(module, 'get_config', arg or None, f'config file {path!r}', ml_collections.ConfigDict,
-                            'an ml_collections.ConfigDict (start from configs/base.py, which defines every key)')
+                            f'an ml_collections.ConfigDict (start from the base config {BASE_CONFIG}, which '
+                            'defines every key)')
+
+
+def packaged_config(path) -> pathlib.Path | None:
+  """The packaged config file (hybrid_jax/configs) that `path` names, or None.
+
+  A name such as `hybrid` names hybrid_jax/configs/hybrid.py; so does `configs/hybrid.py`, the repository's
+  experiment file of the same config, where that file is not there (an installed package run from another
+  directory, run strings written before the configs were packaged)."""
+  match = re.fullmatch(r'(\w+)|configs/(\w+)\.py', str(path))
+  name = match and (match.group(1) or match.group(2))
+  if not name or name.startswith('_') or not (CONFIG_DIR / f'{name}.py').is_file():
+    return None
+  return CONFIG_DIR / f'{name}.py'
 
 
 def resolve_path(path: str) -> str:
-  """A config or sweep file as given, else relative to the repository root (so plans run from anywhere)."""
-  if pathlib.Path(path).is_file() or not (_ROOT / path).is_file():
+  """The file a config or sweep spec's path names: the file at `path` when there is one (a real file always wins),
+  else the packaged config it names (`hybrid`, `sweep`: packaged_config), else `path` as given (whose loader then
+  says it does not exist)."""
+  if pathlib.Path(path).is_file():
     return path
-  return str(_ROOT / path)
+  packaged = packaged_config(path)
+  return str(packaged) if packaged else path
+
+
+def resolve_spec(spec: str) -> str:
+  """`FILE[:ARG]` with FILE resolved by resolve_path (`hybrid:arch=gdn,scale=s1` -> the packaged file's path)."""
+  path, sep, arg = spec.partition(':')
+  return resolve_path(path) + sep + arg
+
+
+def packaged_module(name: str, kind: str = 'config'):
+  """The packaged config or sweep file `name` (hybrid_jax/configs/NAME.py) as a fresh module: what an experiment
+  file starts from, e.g. `packaged_module('hybrid').get_config(arg)`."""
+  return load_python_file(CONFIG_DIR / f'{name}.py', kind)
 
 
 def load_run(run: str):
@@ -127,10 +159,8 @@ def load_run(run: str):
     raise ConfigError(f'run {run!r}: {e} (quote each value whole)') from None
   if not tokens:
     raise ConfigError('empty run string')
-  spec = tokens[0].removeprefix('--config=')
-  path, sep, arg = spec.partition(':')
-  spec = resolve_path(path) + sep + arg
-  config = load_config_file(spec)
+  spec = tokens[0].removeprefix('--config=')  # Kept as given: a packaged config's name resolves the same anywhere.
+  config = load_config_file(resolve_spec(spec))
   try:
     overrides = apply_overrides(config, tokens[1:])
     return spec, overrides, validate(config)
@@ -169,7 +199,8 @@ def _get(c, key):
   node = c
   for part in key.split('.'):
     if part not in node:
-      raise ConfigError(f'config.{key} is missing (start from configs/base.py, which defines every key)')
+      raise ConfigError(f'config.{key} is missing (start from the packaged base config, {BASE_CONFIG}, which '
+                        'defines every key)')
     node = node[part]
   return node
 
@@ -191,8 +222,6 @@ def _validate_recurrent(c, cycle):
           'needs model.scan_layers=False (the per-layer decay factor differs between repeats of the cycle)')
 
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
-BASE_CONFIG = _ROOT / 'configs' / 'base.py'
 
 
 def _leaf_keys(c, prefix=''):
@@ -207,14 +236,14 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every key that shapes the model, data and training; returns the config unchanged."""
   known = list(_leaf_keys(load_config_file(str(BASE_CONFIG))))
   for key in known:
-    value = _get(c, key)  # Every default must be present: configs start from configs/base.py.
+    value = _get(c, key)  # Every default must be present: configs start from the packaged base config.
     if isinstance(value, float) and not math.isfinite(value):  # No key means anything by inf or nan.
       _fail(key, value, 'must be a finite number')
   for key in _leaf_keys(c):  # A key no code reads is a typo (a config file's, like an override's): refused alike.
     if key not in known:
       near = difflib.get_close_matches(key, known, n=1)
       hint = f'did you mean config.{near[0]}? ' if near else ''
-      raise ConfigError(f'config.{key} does not exist ({hint}keys are listed in configs/base.py)')
+      raise ConfigError(f'config.{key} does not exist ({hint}keys are listed in {BASE_CONFIG})')
   for key in ('model.vocab_size', 'model.d_model', 'model.num_layers', 'model.num_heads', 'model.num_kv_heads',
               'model.head_dim', 'model.d_ff', 'data.seq_len', 'train.steps', 'train.batch_size',
               'train.grad_accum', 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints',

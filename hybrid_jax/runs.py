@@ -132,7 +132,7 @@ def _with_new_defaults(saved: dict, base: ml_collections.ConfigDict, path) -> ml
 
   fill(saved, base, '')
   if added:
-    logging.warning('%s predates config key(s) %s; using their defaults from configs/base.py', path, added)
+    logging.warning('%s predates config key(s) %s; using their defaults from %s', path, added, BASE_CONFIG)
   return ml_collections.ConfigDict(saved)
 
 

@@ -43,7 +43,7 @@ REVISION = max(REVISIONS)
 
 
 def main(argv=None):
-  from configs import hybrid
+  from hybrid_jax.configs import hybrid
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--out', default=str(ROOT / 'docs' / 'TPU_FIT.md'))
   p.add_argument('--archs', default=','.join(hybrid.ARCHES))
@@ -131,7 +131,7 @@ def _revision(row):
 
 def _grid_order(row):
   """Context, then scale, then the arch order of configs/hybrid.py, then chip: the order a reader scans."""
-  from configs import hybrid
+  from hybrid_jax.configs import hybrid
   chip = next(c for c, scales in TOPOLOGIES.items() if row['target'] in scales.values())
   return row['seq_len'], row['scale'], list(hybrid.ARCHES).index(row['arch']), list(TOPOLOGIES).index(chip)
 
@@ -151,7 +151,7 @@ def glance(rows) -> str:
   """One line per arch, one column per (scale, context): whether the study's step fits each chip as set, and if
   not, the change that was verified to fit; `…` where the row has not been compiled yet, `*` where it was compiled
   at an older revision."""
-  from configs import hybrid
+  from hybrid_jax.configs import hybrid
   chips = list(TOPOLOGIES)
   columns = ([(s, CONTEXTS['16k'][0]) for s in TOPOLOGIES['v5p']] +
              [(s, CONTEXTS['32k'][0]) for s in EXTENDED_SCALES])

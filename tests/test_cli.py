@@ -10,6 +10,7 @@ import pytest
 
 from hybrid_jax import cli
 from hybrid_jax.analysis import scaling_law
+from hybrid_jax.config import BASE_CONFIG
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HYBRID = f'{ROOT}/configs/hybrid.py'
@@ -52,6 +53,20 @@ def test_command_help_lists_flags_with_defaults(command, flags):
   assert '(default: ' in out.stdout
   for flag in flags:
     assert flag in out.stdout, flag
+
+
+def test_packaged_configs_by_name_from_another_directory(tmp_path, capsys):
+  """`--config=hybrid:ARG` from a directory without configs/ is the packaged grid, as is the repository's spelling
+  `configs/hybrid.py:ARG` there; the help says where the keys and their defaults are."""
+  by_file = _run('params', f'--config={HYBRID}:arch=gdn,scale=s1')
+  assert by_file.returncode == 0 and '"non_embedding"' in by_file.stdout, by_file.stderr
+  for spec in ('hybrid:arch=gdn,scale=s1', 'configs/hybrid.py:arch=gdn,scale=s1'):
+    elsewhere = _run('params', f'--config={spec}', cwd=tmp_path)
+    assert (elsewhere.returncode, elsewhere.stdout) == (0, by_file.stdout), elsewhere.stderr
+  _assert_user_error(_run('params', '--config=nosuch:arch=gdn', cwd=tmp_path), "config file 'nosuch' does not exist")
+  with pytest.raises(SystemExit):
+    cli.main(['hybrid_jax', 'params', '--help'])
+  assert f'the packaged base config, {BASE_CONFIG}.' in ' '.join(capsys.readouterr().out.split())
 
 
 def test_every_command_help_exits_0_in_process(capsys):

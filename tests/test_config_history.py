@@ -6,18 +6,18 @@ import json
 import pytest
 
 from hybrid_jax import runs
-from hybrid_jax.config import load_config_file
+from hybrid_jax.config import BASE_CONFIG, load_config_file
 from hybrid_jax.train import config_history, report
-from tests.conftest import ROOT, small_config
+from tests.conftest import small_config
 
 
 def _every_config():
-  from configs import hybrid  # pylint: disable=g-import-not-at-top
-  yield load_config_file(f'{ROOT}/configs/base.py')
+  from hybrid_jax.configs import hybrid  # pylint: disable=g-import-not-at-top
+  yield load_config_file(str(BASE_CONFIG))
   for arch in hybrid.ARCHES:
     for scale in hybrid.SCALES:
-      yield load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}')
-  yield load_config_file(f'{ROOT}/configs/hybrid.py:arch=swa128,scale=s1,stage=extend32k,init_from=/r,rope_base=5e5')
+      yield load_config_file(f'{hybrid.__file__}:arch={arch},scale={scale}')
+  yield load_config_file(f'{hybrid.__file__}:arch=swa128,scale=s1,stage=extend32k,init_from=/r,rope_base=5e5')
 
 
 def test_every_config_key_is_classified_and_every_class_entry_is_used():

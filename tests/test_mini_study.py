@@ -117,7 +117,7 @@ def test_parallel_study_trains_through_the_sweep_runner_to_the_same_numbers(tmp_
   assert 'sweep mini,preset=smoke,seeds=1: 2/2 completed' in printed, printed
   for name in ('mini_swa128_seed0', 'mini_full_seed0'):
     assert json.loads((parallel / name / 'sweep.json').read_text())['state'] == 'completed'
-    assert 'configs/mini.py:arch=' in (parallel / name / 'sweep.log').read_text()
+    assert '--config=mini:arch=' in (parallel / name / 'sweep.log').read_text()  # The packaged config, by name.
   assert _numbers(parallel) == _numbers(serial)
   # The sweep finds the runs the study trained in this process completed, the others pending; an override that
   # changes a key defining the trained runs is refused for them.

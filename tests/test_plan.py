@@ -61,6 +61,22 @@ def test_sweep_file_and_cli(tmp_path, capsys):
   assert '| swa128_nope_tiny | 512 | 8 | 300 |' in capsys.readouterr().out
 
 
+def test_the_packaged_sweeps_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
+  """`--sweep sweep:NAME` is the packaged sweep file; its runs name the packaged configs, so they load wherever the
+  package is installed; the repository's configs/sweep.py gives the same runs."""
+  monkeypatch.chdir(tmp_path)
+  for name in ('study', 'mini,preset=smoke,seeds=2'):
+    runs = plan.sweep_runs(f'sweep:{name}')
+    assert runs == plan.sweep_runs(f'{ROOT}/configs/sweep.py:{name}')
+    assert all(r.startswith('mini:' if name.startswith('mini') else 'hybrid:') for r in runs)
+  out = tmp_path / 'launch.txt'
+  assert plan.main(['--sweep', 'sweep:s5', '--launch-list', str(out)]) == 0
+  lines = out.read_text().splitlines()
+  assert len(lines) == 8
+  assert lines[0] == 'train --config=hybrid:arch=full,scale=s5,tokens=1e+11 --workdir=runs/full_s5_1e+11tok'
+  assert '| full_s5_1e+11tok |' in capsys.readouterr().out
+
+
 def _plan_status(argv) -> int:
   """The exit status of `python -m hybrid_jax plan ARGV` through the command line's entry, in this process."""
   with pytest.raises(SystemExit) as exit_info:
@@ -76,6 +92,8 @@ def _plan_status(argv) -> int:
     (['--runs', TINY, '--mfu', '40'], 'mfu'),
     (['--sweep', 'configs/no_such_sweep.py:x'], 'does not exist'),
     (['--sweep', 'configs/sweep.py:nosuch'], "in runs('nosuch'): ValueError: unknown sweep 'nosuch'"),
+    (['--sweep', 'sweep:nosuch'], "sweep file 'sweep'"),
+    (['--sweep', 'nosuch:main'], "sweep file 'nosuch' does not exist"),
     (['--runs', TINY, '--tflops', 'inf'], "argument --tflops: 'inf' is invalid"),
 ])
 def test_bad_input_fails_clearly(argv, message, capsys):

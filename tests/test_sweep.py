@@ -13,6 +13,7 @@ import zlib
 
 import pytest
 
+from hybrid_jax.config import CONFIG_DIR
 from hybrid_jax.sweep import cli as sweep_cli, local, outcome as outcome_lib, record, runner, status, tpu
 from hybrid_jax.sweep import wandb_sink
 from hybrid_jax.train import metrics
@@ -154,6 +155,14 @@ def test_tpu_dry_run_prints_each_runs_gcloud_lines_with_its_fit_topology(tmp_pat
   run = next(line for line in lines if 'hybrid_jax train' in line)
   assert '--config=configs/hybrid.py:arch=swa128_nope,scale=tiny' in run and '--workdir=/mnt/bkt/sweep/' in run
   assert not pathlib.Path('/mnt/bkt').exists()
+
+
+def test_the_slice_runs_a_packaged_config_by_name_and_a_checkouts_file_by_its_path(monkeypatch):
+  monkeypatch.chdir(ROOT / 'docs')  # Inside the checkout, but a name is not a path in it.
+  assert tpu.remote_spec('hybrid:arch=gdn,scale=s1') == 'hybrid:arch=gdn,scale=s1'
+  assert tpu.remote_spec(f'{CONFIG_DIR / "mini.py"}:arch=gdn') == 'mini:arch=gdn'  # The slice's package has it.
+  assert tpu.remote_spec(f'{ROOT}/configs/hybrid.py:arch=gdn') == 'configs/hybrid.py:arch=gdn'  # In the clone.
+  assert tpu.remote_spec('/elsewhere/mine.py:x') == '/elsewhere/mine.py:x'
 
 
 def test_slots_get_disjoint_gpus():

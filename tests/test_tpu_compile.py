@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from configs import hybrid
 from hybrid_jax import kernels
 from hybrid_jax.config import validate
+from hybrid_jax.configs import hybrid
 from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import optim, state as state_lib, step as step_lib

@@ -68,7 +68,7 @@ def test_the_detail_rows_are_ordered_by_context_scale_arch_and_chip():
 
 
 def _hybrid_arches():
-  from configs import hybrid
+  from hybrid_jax.configs import hybrid
   return hybrid.ARCHES
 
 

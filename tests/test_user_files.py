@@ -12,10 +12,10 @@ import textwrap
 import pytest
 
 from hybrid_jax import cli
-from hybrid_jax.config import ConfigError, load_config_file, validate
+from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from tests.cli_walk import assert_one_line, leaf_parsers, parsers_seen, run_main
 
-BASE = cli.DEFAULT_CONFIG.partition(':')[0]
+BASE = str(BASE_CONFIG)
 _FROM_BASE = f'''
 from hybrid_jax.config import load_config_file
 def get_config(arg=None):

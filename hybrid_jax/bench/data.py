@@ -1,6 +1,6 @@
 """Does the input pipeline keep up? Tokens per second per host for each data path (`python -m hybrid_jax bench data`).
 
-  python -m hybrid_jax bench data --config=configs/base.py --config.data.seq_len=2048 \
+  python -m hybrid_jax bench data --config=base --config.data.seq_len=2048 \
       --tokenizers byte,tok/tokenizer.json,tok/sp.model --workers 0,2 --batches 20 \
       --compile-check cc.json --hosts 16
 

@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax import checks, command_line
-from hybrid_jax.config import BASE_CONFIG, load_config_file
+from hybrid_jax.config import CONFIG_DIR, load_config_file
 from hybrid_jax.train import state as state_lib
 
 
 def measure(arch, scale, context, steps, pure=False):
   """One row; `pure` makes every layer the arch's efficient kind (e.g. all SWA), isolating its cost."""
-  cfg = load_config_file(f'{BASE_CONFIG.parent / "hybrid.py"}:arch={arch},scale={scale}').model
+  cfg = load_config_file(f'{CONFIG_DIR / "hybrid.py"}:arch={arch},scale={scale}').model
   if pure:
     cfg.cycle = (tuple(cfg.cycle)[0],)
   model_def, params = state_lib.init_model(cfg, 0)
@@ -43,8 +43,8 @@ def measure(arch, scale, context, steps, pure=False):
 
 def main(argv=None) -> int:
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax bench decode', description=__doc__)
-  parser.add_argument('--arches', default='full,swa128,gdn', help='comma-separated architectures (configs/hybrid.py)')
-  parser.add_argument('--scale', default='tiny', help='model scale (configs/hybrid.py)')
+  parser.add_argument('--arches', default='full,swa128,gdn', help='comma-separated arches of the config hybrid')
+  parser.add_argument('--scale', default='tiny', help='model scale (of the config hybrid)')
   parser.add_argument('--contexts', default='1024,4096,16384', type=checks.flag_numbers(integer=True, positive=True),
                       help='comma-separated context lengths L')
   parser.add_argument('--steps', type=checks.POSITIVE_INT, default=30, help='timed decode steps per row')

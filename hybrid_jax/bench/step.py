@@ -1,7 +1,7 @@
 """The whole training step: compile time, steady step time, tokens/s, model TFLOP/s, MFU, memory, and where the
 time goes by layer kind (`python -m hybrid_jax bench step`).
 
-  python -m hybrid_jax bench step --config configs/hybrid.py:arch=gdn,scale=s1 --seq_len 2048 --batch_size 1 \
+  python -m hybrid_jax bench step --config hybrid:arch=gdn,scale=s1 --seq_len 2048 --batch_size 1 \
       --steps 5 --set model.remat=full --json out.json
 
 The step is the one training uses (hybrid_jax.train.step, same shardings, state donated) on random tokens, so the
@@ -33,7 +33,7 @@ import numpy as np
 
 from hybrid_jax import checks, command_line
 from hybrid_jax.bench import profile
-from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, validate
+from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, resolve_spec, validate
 from hybrid_jax.models import flops as flops_lib, pattern
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import metrics, optim, state as state_lib, step as step_lib
@@ -41,7 +41,7 @@ from hybrid_jax.train import metrics, optim, state as state_lib, step as step_li
 
 def _parse(argv):
   p = command_line.ArgumentParser(prog='python -m hybrid_jax bench step', description=__doc__.split('\n')[0])
-  p.add_argument('--config', required=True, help='config file[:arg], e.g. configs/hybrid.py:arch=gdn,scale=s1')
+  p.add_argument('--config', required=True, help='config file[:arg] as for train, e.g. hybrid:arch=gdn,scale=s1')
   p.add_argument('--seq_len', type=checks.POSITIVE_INT, help='override data.seq_len')
   p.add_argument('--batch_size', type=checks.POSITIVE_INT, help='override train.batch_size (global sequences per step)')
   p.add_argument('--grad_accum', type=checks.POSITIVE_INT, help='override train.grad_accum')
@@ -63,7 +63,7 @@ def _parse(argv):
 
 def load_config(spec, *, seq_len=None, batch_size=None, grad_accum=None, overrides=()):
   """The validated config of `spec` with the benchmark's overrides applied (clear errors for unknown keys)."""
-  config = load_config_file(spec)
+  config = load_config_file(resolve_spec(spec))
   values = [('data.seq_len', seq_len), ('train.batch_size', batch_size), ('train.grad_accum', grad_accum)]
   for item in overrides:
     key, sep, value = item.partition('=')

@@ -11,7 +11,7 @@ The manifest (manifest.json, written last) records the tokenizer (spec, content 
 source and its files, and per split the document and token counts and every shard's records and bytes. Opening a
 directory refuses a manifest made with another tokenizer, and a missing, truncated or corrupt shard, naming it.
 
-    python -m hybrid_jax pretokenize --config=configs/hybrid.py:arch=swa128_nope,scale=s1 \
+    python -m hybrid_jax pretokenize --config=hybrid:arch=swa128_nope,scale=s1 \
         --config.data.source=parquet --config.data.paths='corpus/*.parquet' \
         --config.data.tokenizer=tok/tokenizer.json --out /data/corpus_tok
 """

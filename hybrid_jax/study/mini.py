@@ -11,7 +11,7 @@ hybrid_jax.study.verdicts) as reproduced, not reproduced or not separable at the
 
 Presets and arches live in hybrid_jax.study.presets. Every run directory is a normal run: rerunning the command
 resumes unfinished runs and reuses the scores of finished ones (`mini_result.json` in the run directory, kept only
-while the preset's settings are unchanged). The runs are also the sweep `mini` of configs/sweep.py (run directories
+while the preset's settings are unchanged). The runs are also the sweep `mini` of the packaged `sweep` (run directories
 of the same names), so `sweep run` can train them and the study then only scores them; `--parallel N` does this
 itself, N runs at a time.
 """
@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from hybrid_jax import checks, command_line, cores, runs as runs_lib, training
-from hybrid_jax.config import BASE_CONFIG, ConfigError
+from hybrid_jax.config import CONFIG_DIR, ConfigError
 from hybrid_jax.data import pipeline, recall_store
 from hybrid_jax.study import mini_report, mini_scoring as scoring, verdicts
 from hybrid_jax.study.presets import (ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS, Preset, extrapolation_data,
@@ -37,7 +37,7 @@ from hybrid_jax.sweep import runner as sweep_runner
 
 RESULT_FILE = 'mini_result.json'
 STORE_DIR = 'recall_documents'  # Under the output directory: the training documents, generated once for all runs.
-SWEEP_FILE = BASE_CONFIG.parent / 'sweep.py'  # Its sweep `mini` holds the study's runs (configs/mini.py).
+SWEEP_FILE = CONFIG_DIR / 'sweep.py'  # Its sweep `mini` holds the study's runs (packaged config `mini`).
 
 
 def _settings_key(label: str, preset: Preset, seed: int) -> dict:
@@ -91,7 +91,7 @@ def run_one(label: str, preset: Preset, seed: int, out_dir: pathlib.Path, progre
 def train_in_parallel(preset_name: str, seeds: int, labels: list[str], out_dir: pathlib.Path, parallel: int,
                       progress: bool = True) -> None:
   """Trains the study's runs not yet finished, `parallel` at a time in processes of their own, through the sweep
-  runner's local backend (sweep `mini` of configs/sweep.py: run_config's configs in run_one's run directories): one
+  runner's local backend (sweep `mini` of the packaged `sweep`: run_config's configs in run_one's run directories): one
   small model's training does not keep every core busy. run_one then only scores them."""
   preset = PRESETS[preset_name]
   arches = {ARCHES[label][0] for label in labels}
@@ -201,7 +201,7 @@ def main(argv) -> int:
                       "preset's: every one-cycle arch for mini, all of them for mini-deep)")
   parser.add_argument('--parallel', type=checks.POSITIVE_INT, default=None,
                       help="runs trained at a time (default: the preset's): above 1, the runs not yet trained train "
-                      'in that many processes through the sweep runner (sweep run --sweep configs/sweep.py:mini), '
+                      'in that many processes through the sweep runner (sweep run --sweep sweep:mini), '
                       'then are scored here')
   args = parser.parse_args(argv)
   out = args.out or f'runs/study_{args.preset}'

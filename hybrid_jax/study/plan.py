@@ -1,9 +1,9 @@
 """The study planner: what a sweep costs before anything runs (`python -m hybrid_jax plan`).
 
-  python -m hybrid_jax plan --sweep configs/sweep.py:main --tflops 989 --mfu 0.4 --launch-list runs.txt
-  python -m hybrid_jax plan --runs configs/hybrid.py:arch=gdn,scale=s1 'configs/hybrid.py:arch=full,scale=s2 \
+  python -m hybrid_jax plan --sweep sweep:main --tflops 989 --mfu 0.4 --launch-list runs.txt
+  python -m hybrid_jax plan --runs hybrid:arch=gdn,scale=s1 'hybrid:arch=full,scale=s2 \
       --config.train.steps=500'
-  python -m hybrid_jax plan --sweep configs/sweep.py:main --fit docs/TPU_FIT.json --chip v5p
+  python -m hybrid_jax plan --sweep sweep:main --fit docs/TPU_FIT.json --chip v5p
 
 For every run: tokens = train.steps x train.batch_size x data.seq_len, D/N (tokens per non-embedding parameter,
 the study's budget unit), training FLOPs = tokens x model FLOPs per training token (hybrid_jax.models.flops:
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
   p = command_line.ArgumentParser(prog='python -m hybrid_jax plan', description=__doc__.split('\n')[0])
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument('--sweep', help='sweep file[:name]; its runs(name) returns config strings')
-  source.add_argument('--runs', nargs='+', help='config strings, e.g. configs/hybrid.py:arch=gdn,scale=s1')
+  source.add_argument('--runs', nargs='+', help='config strings, e.g. hybrid:arch=gdn,scale=s1')
   p.add_argument('--tflops', type=checks.flag_number(positive=True), default=989.0,
                  help='peak TFLOP/s of one device (default: H100/H200 bf16)')
   p.add_argument('--mfu', type=checks.flag_number(positive=True, high=1), default=0.4,

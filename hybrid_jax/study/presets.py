@@ -1,4 +1,4 @@
-"""The mini-study's arches and presets, and the train config of one run (`configs/mini.py` builds the same).
+"""The mini-study's arches and presets, and the train config of one run (the config `mini` builds the same).
 
 Scaled down, windows keep their role rather than their size: at a 64-token context a 2048-token window would be
 full attention, so each preset maps the study's small, middle and large windows (128 / 512 / 2048) onto its own
@@ -10,11 +10,11 @@ holds every preset's shapes within 5% of its attention layer.
 import copy
 import dataclasses
 
-from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
+from hybrid_jax.config import CONFIG_DIR, ConfigError, load_config_file, validate
 from hybrid_jax.data import recall as recall_data
 from hybrid_jax.models import pattern
 
-# Study label -> (arch in configs/hybrid.py, which window its sliding layers use: 'small' | 'middle' | 'large' |
+# Study label -> (arch in the config `hybrid`, which window its sliding layers use: 'small' | 'middle' | 'large' |
 # None for no sliding layer). The report lists arches in this order.
 ARCHES = {'SWA-128': ('swa128', 'small'), 'SWA-512': ('swa512', 'middle'), 'SWA-2048': ('swa2048', 'large'),
           'SWA-128-NoPE': ('swa128_nope', 'small'), 'SWA-128-1:3': ('swa128_1to3', 'small'),
@@ -164,7 +164,7 @@ PRESETS = {
 
 
 def label_of(name: str, what: str) -> str:
-  """The study label `name` stands for (a label or an arch name, any case), for --arches and configs/mini.py alike;
+  """The study label `name` stands for (a label or an arch name, any case), for --arches and the config `mini` alike;
   ConfigError naming `what` (the flag or argument and its whole value) otherwise."""
   names = {label.lower(): label for label in ARCHES} | {arch: label for label, (arch, _) in ARCHES.items()}
   if name.strip().lower() not in names:
@@ -184,7 +184,7 @@ def select_arches(spec: str | None, preset: Preset | None = None) -> list[str]:
 def run_config(label: str, preset: Preset, seed: int = 0):
   """The validated train config of one arch of the preset (ConfigError for an arch the preset does not hold)."""
   arch, role = ARCHES[label]
-  c = load_config_file(f'{BASE_CONFIG.parent / "hybrid.py"}:arch={arch},scale={preset.scale}')
+  c = load_config_file(f'{CONFIG_DIR / "hybrid.py"}:arch={arch},scale={preset.scale}')
   c.name = f'mini_{arch}_seed{seed}'
   c.seed = seed
   c.data.update(dict(source='recall', tokenizer='byte', seq_len=preset.seq_len, long_short_ratio=0.0))

@@ -1,8 +1,8 @@
 """`python -m hybrid_jax sweep run|status`: run every run of a sweep under one root, or print where each stands.
 
-  python -m hybrid_jax sweep run --sweep configs/sweep.py:main --root runs/main [--parallel 2] \\
+  python -m hybrid_jax sweep run --sweep sweep:main --root runs/main [--parallel 2] \\
       [--config.train.steps=100 ...]
-  python -m hybrid_jax sweep run --sweep configs/sweep.py:s5 --root /mnt/BUCKET/s5 --backend tpu --zone us-east5-a \\
+  python -m hybrid_jax sweep run --sweep sweep:s5 --root /mnt/BUCKET/s5 --backend tpu --zone us-east5-a \\
       --repo https://github.com/YOU/hybrid_jax --bucket BUCKET --spot --fit docs/TPU_FIT.json --parallel 4
   python -m hybrid_jax sweep status --root runs/main
 
@@ -21,7 +21,8 @@ from hybrid_jax.sweep import members as members_lib, runner as runner_lib, statu
 def _run_parser():
   p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep run', description=__doc__.splitlines()[0],
                                   epilog='Any config key of every run is overridden with --config.KEY=VALUE.')
-  p.add_argument('--sweep', required=True, metavar='FILE:NAME', help='sweep file and name, e.g. configs/sweep.py:main')
+  p.add_argument('--sweep', required=True, metavar='FILE:NAME',
+                 help='sweep file (or the packaged sweep) and name, e.g. sweep:main or configs/sweep.py:main')
   p.add_argument('--root', required=True, help='folder of the run directories (a mounted bucket for --backend tpu)')
   p.add_argument('--backend', choices=('local', 'tpu'), default='local',
                  help='local: child processes on this machine; tpu: one Cloud TPU slice per run (launch/tpu_pod.py)')

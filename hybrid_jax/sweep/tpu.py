@@ -19,7 +19,7 @@ import sys
 import time
 
 from hybrid_jax import checks
-from hybrid_jax.config import ConfigError
+from hybrid_jax.config import CONFIG_DIR, ConfigError, packaged_config
 from hybrid_jax.study import plan
 from hybrid_jax.sweep import outcome
 
@@ -68,10 +68,16 @@ def accelerators(members, fit_rows: dict | None, default: str) -> dict:
 
 
 def remote_spec(spec: str) -> str:
-  """A config path inside this checkout as the same path inside the clone on the slice."""
+  """A config file inside this checkout as the same path inside the clone on the slice; a packaged config (by its
+  name or its file) as its name, which the slice's package resolves; anything else as given."""
   path, sep, arg = spec.partition(':')
+  file = pathlib.Path(path)
+  if not file.is_file():
+    return spec  # A packaged config's name (`hybrid`), or a path only the slice has.
+  if file.resolve().parent == CONFIG_DIR and packaged_config(file.stem):
+    return file.stem + sep + arg
   try:
-    return str(pathlib.Path(path).resolve().relative_to(REPO)) + sep + arg
+    return str(file.resolve().relative_to(REPO)) + sep + arg
   except ValueError:
     return spec
 

@@ -5,7 +5,7 @@
 checkpoint it resumed from and the keys it changed, old and new value. The config of step s is `config.json` with
 the changes of every session up to the last one whose `first_step` <= s applied.
 
-Keys come in three classes (KEY_CLASSES, data; a test checks every key of configs/ is classified):
+Keys come in three classes (KEY_CLASSES, data; a test checks every key of the packaged configs is classified):
 - IDENTITY: what the run is (parameter shapes, the model's function, the tokenizer, the data stream, how the
   parameters were made). A change is refused before anything is restored: the checkpoint would not restore, or
   would continue as a different run under the same name.
