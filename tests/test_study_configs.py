@@ -37,8 +37,12 @@ def test_extension_stage(tmp_path):
 
 @pytest.mark.parametrize('arg, message', [
     ('arch=full,scale=s1,budget=100,tokens=5', 'not both'),
-    ('arch=full,scale=s1,budget=abc', 'not a number'),
-    ('arch=full,scale=s1,budget=-1', 'must be positive'),
+    ('arch=full,scale=s1,budget=abc', "budget='abc' is invalid: must be a positive finite number"),
+    ('arch=full,scale=s1,budget=-1', "budget='-1' is invalid"),
+    ('arch=full,scale=s1,budget=0', "budget='0' is invalid"),
+    ('arch=full,scale=s1,budget=inf', "budget='inf' is invalid"),  # An endless run.
+    ('arch=full,scale=s1,tokens=1e400', "tokens='1e400' is invalid"),  # Overflows to inf.
+    ('arch=full,scale=s1,tokens=nan', "tokens='nan' is invalid"),
     ('arch=full,scale=s1,stage=extend32k', 'init_from=RUN_DIR'),
     ('arch=full,scale=s1,init_from=x', 'belong to a stage'),
     ('arch=full,scale=s1,stage=warp', "stage='warp' is unknown"),

@@ -19,7 +19,9 @@ import pathlib
 
 import ml_collections
 
+from hybrid_jax import checks
 from hybrid_jax.config import ConfigError, file_arguments, load_config_file
+from hybrid_jax.errors import InputError
 
 _BASE = pathlib.Path(__file__).with_name('base.py')
 
@@ -118,13 +120,11 @@ def _parse(arg):
   if 'stage' in fields and 'init_from' not in fields:
     raise ConfigError(f'stage={fields["stage"]} continues a pretrained run: add init_from=RUN_DIR')
   for key in ('budget', 'tokens', 'rope_base'):
-    if key in fields:
+    if key in fields:  # Finite and positive: `budget=inf` or `tokens=1e400` would size an endless run.
       try:
-        fields[key] = float(fields[key])
-      except ValueError:
-        raise ConfigError(f'configs/hybrid.py: {key}={fields[key]!r} is not a number') from None
-      if not fields[key] > 0:
-        raise ConfigError(f'configs/hybrid.py: {key}={fields[key]!r} must be positive')
+        fields[key] = float(checks.number(fields[key], f'configs/hybrid.py: {key}', positive=True))
+      except InputError as e:
+        raise ConfigError(str(e)) from None
   return fields
 
 
