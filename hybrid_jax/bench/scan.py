@@ -79,15 +79,18 @@ def _parse(argv):
                  help='write all rows and the run metadata to this JSON file (rewritten '
                  'after every row)')
   args = p.parse_args(argv)
+  chosen_baseline = args.baseline
   for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():
     if getattr(args, key) is None:
       setattr(args, key, value)
   for key in ('seq_lens', 'impls'):
     if isinstance(getattr(args, key), str):
       setattr(args, key, (ints if key == 'seq_lens' else impls)(getattr(args, key)))
-  if args.baseline not in args.impls:
-    p.error(f'argument --baseline: {args.baseline!r} is not one of the implementations timed (--impls '
+  if chosen_baseline is not None and chosen_baseline not in args.impls:
+    p.error(f'argument --baseline: {chosen_baseline!r} is not one of the implementations timed (--impls '
             f'{",".join(args.impls)})')
+  if args.baseline not in args.impls:  # The backend's default baseline, when --impls leaves it out: the first.
+    args.baseline = args.impls[0]
   return args
 
 
