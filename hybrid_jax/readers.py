@@ -199,13 +199,20 @@ def parse_json(data, name: str, expect=dict, required=(), items=None, hint: str 
       raise DataError(f'{name}: not JSON (line {line}: {problem})') from None
   if not data.strip():
     raise DataError(f'{name}: is empty (expected {_expected(expect)})')
+  value = _loads(data, name, lines=True)
+  return check_shape(value, name, expect, required, items, hint)
+
+
+def _loads(text: str, name: str, *, lines: bool):
+  """json.loads of `text`, or DataError naming `name` and where the text stops being JSON (`lines`: a whole file,
+  so the line too; else one line of a JSON-lines file, whose line `name` already carries)."""
   try:
-    value = json.loads(data)
+    return json.loads(text)
   except json.JSONDecodeError as e:
-    raise DataError(f'{name}: not JSON ({e.msg} at line {e.lineno} column {e.colno})') from None
+    at = f'line {e.lineno} column {e.colno}' if lines else f'column {e.colno}'
+    raise DataError(f'{name}: not JSON ({e.msg} at {at})') from None
   except RecursionError:
     raise DataError(f'{name}: JSON nested too deeply to read') from None
-  return check_shape(value, name, expect, required, items, hint)
 
 
 def read_json(path, what: str = '', expect=dict, required=(), items=None, hint: str = ''):
@@ -225,12 +232,7 @@ def parse_record(line: str, path, line_number: int, required: dict | None = None
   `hint` is appended to a missing- or wrong-field message (e.g. which option names the field).
   """
   name = f'{where(path, what)}:{line_number}'
-  try:
-    record = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise DataError(f'{name}: not JSON ({e.msg} at column {e.colno})') from None
-  except RecursionError:
-    raise DataError(f'{name}: JSON nested too deeply to read') from None
+  record = _loads(line, name, lines=False)
   if not isinstance(record, dict):
     raise DataError(f'{name}: holds {describe(record)} where a JSON object is expected')
   suffix = f' ({hint})' if hint else ''
