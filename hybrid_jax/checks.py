@@ -88,8 +88,13 @@ def path(value, what, *, kind=None, exists=True, writable=False, outside=None) -
   try:
     return _checked_path(p, value, what, kind, exists, writable, outside)
   except OSError as e:  # E.g. a name longer than the filesystem allows.
-    shown = str(value) if len(str(value)) <= 120 else f'{str(value)[:60]}... ({len(str(value))} characters)'
-    raise InputError(f'{what}={shown}: {e.strerror or e}') from None
+    raise InputError(f'{what}={shown_path(value)}: {e.strerror or e}') from None
+
+
+def shown_path(value, limit: int = 120) -> str:
+  """A path as a message shows it: whole, or its start and end with its length when longer than `limit`."""
+  text = str(value)
+  return text if len(text) <= limit else f'{text[:60]}...{text[-40:]} ({len(text)} characters)'
 
 
 def _checked_path(p: pathlib.Path, value, what, kind, exists, writable, outside) -> pathlib.Path:

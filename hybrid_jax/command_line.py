@@ -9,6 +9,7 @@ import argparse
 import errno
 import sys
 
+from hybrid_jax import checks
 from hybrid_jax.errors import UserError
 
 USAGE_ERROR = 2
@@ -52,7 +53,5 @@ def run(fn, *args) -> int:
   except OSError as e:
     if e.errno not in _PATH_ERRNOS or not e.filename:
       raise
-    path = str(e.filename)
-    shown = path if len(path) <= 120 else f'{path[:60]}...{path[-40:]} ({len(path)} characters)'
-    print(f'error: {shown}: {e.strerror}', file=sys.stderr, flush=True)
+    print(f'error: {checks.shown_path(e.filename)}: {e.strerror}', file=sys.stderr, flush=True)
     return USAGE_ERROR
