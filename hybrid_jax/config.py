@@ -15,18 +15,11 @@ import ml_collections
 
 from hybrid_jax import checks
 from hybrid_jax.data import recall
-from hybrid_jax.errors import ConfigError, InputError
+from hybrid_jax.errors import ConfigError, InputError, invalid_config
+from hybrid_jax.models.mixers import registry
 from hybrid_jax.user_files import call_file_function, load_python_file
 
-MIXER_KINDS_AVAILABLE = ('full', 'swa', 'headwise', 'lightning', 'mamba2', 'gdn')
 RECURRENT_IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'pallas_gpu', 'pallas_tpu')
-LIGHTNING_DECAY_RATES = ('closed_form', 'alibi_interleaved')  # hybrid_jax.models.mixers.lightning.decay_rates
-# Recurrent mixer kind -> its positive-integer shape fields under model.<kind>.
-RECURRENT_SHAPE_FIELDS = {
-    'lightning': ('num_heads', 'key_dim', 'value_dim'),
-    'mamba2': ('num_heads', 'head_dim', 'state_dim', 'conv_width'),
-    'gdn': ('num_heads', 'key_dim', 'value_dim', 'conv_width'),
-}
 REMAT_POLICIES = ('none', 'full', 'save_dots', 'minimal', 'recompute_mlp')
 SCHEDULES = ('wsd', 'cosine', 'constant')
 SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
@@ -75,6 +68,8 @@ def apply_override(config, key: str, text: str):
     node[leaf] = _parse_value(node[leaf], text)
   except (TypeError, ValueError) as e:
     raise ConfigError(f'--config.{key}={text!r}: {e}') from e
+  if key == 'model.mixer_modules':  # Their kinds' sections exist for the overrides that follow.
+    with_mixer_sections(config)
 
 
 def apply_overrides(config, tokens) -> list[str]:
@@ -111,9 +106,10 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Loads `path/to/file.py[:arg]` the way absl's config_flags does, calling `get_config(arg)`."""
   path, _, arg = spec.partition(':')
   module = load_python_file(path, 'config')
-  return call_file_function(module, 'get_config', arg or None, f'config file {path!r}', ml_collections.ConfigDict,
-                            f'an ml_collections.ConfigDict (start from the base config {BASE_CONFIG}, which '
-                            'defines every key)')
+  config = call_file_function(module, 'get_config', arg or None, f'config file {path!r}', ml_collections.ConfigDict,
+                              f'an ml_collections.ConfigDict (start from the base config {BASE_CONFIG}, which '
+                              'defines every key)')
+  return with_mixer_sections(config)
 
 
 def packaged_config(path) -> pathlib.Path | None:
@@ -169,7 +165,7 @@ def load_run(run: str):
 
 
 def _fail(key, value, allowed):
-  raise ConfigError(f'config.{key}={value!r} is invalid: {allowed}')
+  raise invalid_config(key, value, allowed)
 
 
 def _number(c, key, **bounds):
@@ -205,23 +201,21 @@ def _get(c, key):
   return node
 
 
-def _validate_recurrent(c, cycle):
-  """The recurrent mixers' fields, whatever the cycle; their errors name the key, value and what is allowed."""
-  m = c.model
-  for kind, fields in RECURRENT_SHAPE_FIELDS.items():  # Checked even when the cycle has no such layer: a bad
-    for field in fields:                               # value there is a typo waiting for the next --config.
-      _positive_int(c, f'model.{kind}.{field}')
+def _validate_mixers(c):
+  """The layer kinds of model.cycle and every mixer's own keys (by the mixer registry: each kind checks its section,
+  used or not), then the settings the recurrent kernels share."""
+  registry.validate(c.model)
   _positive_int(c, 'model.recurrent_chunk_size')
   _choice(c, 'model.recurrent_implementation', RECURRENT_IMPLEMENTATIONS)
-  _choice(c, 'model.lightning.decay_rates', LIGHTNING_DECAY_RATES)
-  layer_decay = m.lightning.layer_decay
-  if not isinstance(layer_decay, bool):
-    _fail('model.lightning.layer_decay', layer_decay, 'must be True or False')
-  if 'lightning' in cycle and layer_decay and m.scan_layers:
-    _fail('model.lightning.layer_decay', layer_decay,
-          'needs model.scan_layers=False (the per-layer decay factor differs between repeats of the cycle)')
 
 
+def with_mixer_sections(config):
+  """`config` with the mixer modules it names (model.mixer_modules) imported and every registered kind's config
+  section present (defaults where the config lacks one): what a config needs before its mixer keys are read."""
+  if 'model' in config and 'mixer_modules' in config.model:
+    registry.load_modules(config.model.mixer_modules)
+    registry.add_sections(config.model, ml_collections.ConfigDict)
+  return config
 
 
 def _leaf_keys(c, prefix=''):
@@ -234,6 +228,7 @@ def _leaf_keys(c, prefix=''):
 
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks every key that shapes the model, data and training; returns the config unchanged."""
+  with_mixer_sections(c)  # The kinds of model.mixer_modules and their config sections are known from here on.
   known = list(_leaf_keys(load_config_file(str(BASE_CONFIG))))
   for key in known:
     value = _get(c, key)  # Every default must be present: configs start from the packaged base config.
@@ -252,20 +247,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   m = c.model
   if m.num_heads % m.num_kv_heads:
     _fail('model.num_heads', m.num_heads, f'must be a multiple of model.num_kv_heads={m.num_kv_heads}')
-  cycle = tuple(m.cycle)
-  if not cycle:
-    _fail('model.cycle', m.cycle, 'must name at least one layer kind')
-  for kind in cycle:
-    if kind not in MIXER_KINDS_AVAILABLE:
-      _fail('model.cycle', m.cycle, f'unknown kind {kind!r}; allowed kinds: {", ".join(MIXER_KINDS_AVAILABLE)}')
-  window = m.window  # Checked even when no layer slides: a bad value is a typo waiting for the next cycle.
-  if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-    _fail('model.window', window, 'must be a positive integer (keys each query sees, itself included)')
-  _positive_int(c, 'model.headwise_full_kv_heads')
-  if 'headwise' in cycle and not 0 < m.headwise_full_kv_heads < m.num_kv_heads:
-    _fail('model.headwise_full_kv_heads', m.headwise_full_kv_heads,
-          f'must be between 1 and model.num_kv_heads - 1 = {m.num_kv_heads - 1}')
-  _validate_recurrent(c, cycle)
+  _validate_mixers(c)
   if m.head_dim % 2 and (m.rope_full or m.rope_swa):
     _fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
   _number(c, 'model.init_std', positive=True)

@@ -22,3 +22,8 @@ class ConfigError(UserError, ValueError):
 class DataError(UserError, ValueError):
   """An input file (data, a table, a run directory's record) is missing or malformed; the message names the file
   and, where known, the line or key (hybrid_jax.readers raises it for every structured format)."""
+
+
+def invalid_config(key: str, value, allowed: str) -> ConfigError:
+  """The one wording of a bad config value: `config.KEY=VALUE is invalid: ALLOWED` (raise what it returns)."""
+  return ConfigError(f'config.{key}={value!r} is invalid: {allowed}')

@@ -18,6 +18,7 @@ from hybrid_jax import readers
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
 from hybrid_jax.errors import DataError, UserError
+from hybrid_jax.models.mixers import registry
 from hybrid_jax.train import checkpoint, config_history, state as state_lib
 
 
@@ -80,6 +81,8 @@ def load_config(workdir) -> ml_collections.ConfigDict:
   try:  # A run directory's unreadable record is the run's problem: RunError (callers tell runs apart by it).
     saved = readers.read_json(path, 'run config', required=RUN_CONFIG_SECTIONS)
     saved = config_history.apply(saved, config_history.read_sessions(workdir))
+    if isinstance(saved['model'], dict):  # Its own mixer kinds, before the base config lists their keys.
+      registry.load_modules(saved['model'].get('mixer_modules', ()))
   except (ConfigError, DataError) as e:
     raise RunError(str(e)) from e
   config = _with_new_defaults(saved, load_config_file(str(BASE_CONFIG)), path)

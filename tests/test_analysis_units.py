@@ -99,7 +99,7 @@ def test_attention_probabilities_weigh_the_values_into_the_layer_output(scalings
     out = forward_lib.forward(model, tokens, attention_queries=queries)
     block = forward_lib.blocks(model)[0]
     h = block.mixer_norm(forward_lib.embed(model, tokens).astype(model.dtype))
-    q, k, v = block.mixer._qkv(h, jnp.arange(T))  # pylint: disable=protected-access
+    q, k, v = block.mixer.qkv(h, jnp.arange(T))
     return out['attention'][0], v, block.mixer._attend(q, k, v)  # pylint: disable=protected-access
 
   probs, v, o = map(np.asarray, jax.jit(run)(params))

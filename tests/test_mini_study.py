@@ -11,6 +11,7 @@ from hybrid_jax.config import ConfigError, load_config_file
 from hybrid_jax.data import pipeline, recall, recall_store
 from hybrid_jax.errors import UserError
 from hybrid_jax.models import counting, pattern
+from hybrid_jax.models.mixers import attention
 from hybrid_jax.study import mini, mini_scoring as scoring, presets
 from hybrid_jax.sweep import cli as sweep_cli, members as sweep_members
 from tests.conftest import ROOT
@@ -225,8 +226,7 @@ def test_recurrent_mixers_match_the_attention_layer_within_5_percent():
       continue
     for label in presets.RECURRENT_ARCHES:
       model = presets.run_config(label, p).model
-      kind = model.cycle[0]
-      ratio = counting.mixer_params(model, pattern.layer_spec(model, 0)) / counting.attention_params(model)
+      ratio = counting.mixer_params(model, pattern.layer_spec(model, 0)) / attention.attention_params(model)
       assert abs(ratio - 1) <= 0.05, (name, label, ratio)
 
 

@@ -299,7 +299,7 @@ def test_learned_sinks_are_one_more_zero_value_logit_per_head():
 
   def reference(state):
     module = nnx.merge(graphdef, nnx.State(state))
-    q, k, v = module._qkv(x, positions)  # pylint: disable=protected-access
+    q, k, v = module.qkv(x, positions)
     k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
     logits = jnp.einsum('bihd,bjhd->bhij', q, k) * 0.4
     i, j = np.arange(13)[:, None], np.arange(13)[None, :]
@@ -307,7 +307,7 @@ def test_learned_sinks_are_one_more_zero_value_logit_per_head():
     logits = jnp.where(visible[None], logits, -jnp.inf)
     sink = jnp.broadcast_to(state['sinks'][None, :, None, None], logits.shape[:3] + (1,))
     p = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
-    return module._out(jnp.einsum('bhij,bjhd->bihd', p, v))  # pylint: disable=protected-access
+    return module.out(jnp.einsum('bhij,bjhd->bihd', p, v))
 
   cotangent = jnp.asarray(np.random.default_rng(3).normal(size=(2, 13, cfg.d_model)), jnp.float32)
   loss = lambda fn: lambda s: jnp.sum(fn(s) * cotangent)

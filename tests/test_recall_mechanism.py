@@ -1,6 +1,5 @@
 """Head ablation and the gradient signal (hybrid_jax.eval.recall_mechanism) against independent references."""
 
-import copy
 
 import jax
 import jax.numpy as jnp

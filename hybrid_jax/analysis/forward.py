@@ -18,8 +18,7 @@ from flax import nnx
 
 from hybrid_jax.analysis import windowed
 from hybrid_jax.models import pattern
-
-ATTENTION_KINDS = ('full', 'swa', 'headwise')
+from hybrid_jax.models.mixers import attention, registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,14 +33,13 @@ class Layer:
 
   @property
   def is_attention(self) -> bool:
-    return self.spec.kind in ATTENTION_KINDS
+    return registry.get(self.spec.kind).attention
 
   @property
   def role(self) -> str:
-    """'full' for full causal attention, 'headwise' for mixed layers, 'efficient' for SWA and recurrent mixers."""
-    if self.spec.kind in ('full', 'headwise'):
-      return self.spec.kind
-    return 'efficient'
+    """'full' for full causal attention, 'headwise' for mixed layers, 'efficient' for SWA and recurrent mixers
+    (each kind's registry entry says)."""
+    return registry.get(self.spec.kind).role
 
 
 def layers(model_cfg) -> list[Layer]:
@@ -63,11 +61,9 @@ def blocks(model) -> list:
 
 def head_windows(layer: Layer, model_cfg) -> list[int]:
   """Native window of each query head of an attention layer (0 = full causal)."""
-  h, groups = model_cfg.num_heads, model_cfg.num_heads // model_cfg.num_kv_heads
-  if layer.kind == 'headwise':
-    n_swa = (model_cfg.num_kv_heads - layer.spec.full_kv_heads) * groups
-    return [layer.spec.window] * n_swa + [0] * (h - n_swa)
-  return [layer.spec.window or 0] * h
+  per_kv = model_cfg.num_heads // model_cfg.num_kv_heads
+  return [window or 0 for window, kv in attention.kv_groups(layer.spec, model_cfg.num_kv_heads)
+          for _ in range((kv.stop - kv.start) * per_kv)]
 
 
 def embed(model, tokens):

@@ -3,7 +3,8 @@
 Which layers a `Restriction` touches (`target`):
 - 'full': full-attention layers (and the full heads of head-wise layers) see the last W keys plus the first S keys.
 - 'efficient': sliding-window layers keep min(w, W): unchanged when W >= w, otherwise window W plus S sinks (and the
-  windowed heads of head-wise layers alike); recurrent layers (Lightning, Mamba-2, GDN) get a *windowed state*.
+  windowed heads of head-wise layers alike); every layer that is not attention (Lightning, Mamba-2, GDN, any
+  registered mixer: hybrid_jax.models.mixers.registry) gets a *windowed state*.
 
 Attention uses the kernels' own window and sink support (`hybrid_jax.kernels.attention(window=, sinks=)`, which the
 'reference' and 'xla' paths implement and the automatic choice honours), through the layer's `attend`, so no kernel
@@ -24,9 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax.errors import InputError
+from hybrid_jax.models.mixers import registry
 
 TARGETS = ('full', 'efficient')
-RECURRENT_KINDS = ('lightning', 'mamba2', 'gdn')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +56,6 @@ class Restriction:
     return f'{self.target} W={self.window} S={self.sinks}'
 
 
-def _groups(mixer, spec):
-  """(native window or None, kv-head slice) per KV group of an attention layer."""
-  hkv = mixer.wk.shape[-2]
-  if spec.kind == 'headwise':
-    n_swa = hkv - spec.full_kv_heads
-    return [(spec.window, slice(0, n_swa)), (None, slice(n_swa, hkv))]
-  return [(spec.window, slice(0, hkv))]
-
-
 def group_window(window, restriction):
   """(window, sinks) of one KV group under `restriction`; window None = full causal."""
   if restriction is None:
@@ -75,13 +67,13 @@ def group_window(window, restriction):
   return window, 0
 
 
-def _attention(mixer, spec, h, positions, restriction, queries, head_scale=None):
-  groups = _groups(mixer, spec)
+def _attention(mixer, restriction, h, positions, queries, head_scale=None):
+  groups = mixer.kv_groups()
   windows = [group_window(w, restriction) for w, _ in groups]
   changed = windows != [(w, 0) for w, _ in groups] or head_scale is not None
   y = mixer(h, positions) if not changed else None
   if changed or queries is not None:
-    q, k, v = mixer._qkv(h, positions)  # pylint: disable=protected-access
+    q, k, v = mixer.qkv(h, positions)
   if changed:
     outs = []
     for (window, sinks), (_, kv) in zip(windows, groups):
@@ -90,7 +82,7 @@ def _attention(mixer, spec, h, positions, restriction, queries, head_scale=None)
     o = jnp.concatenate(outs, axis=2)
     if head_scale is not None:  # Each query head's output scaled before the output projection (0 ablates it).
       o = o * jnp.asarray(head_scale, o.dtype)[None, None, :, None]
-    y = mixer._out(o)  # pylint: disable=protected-access
+    y = mixer.out(o)
   probs = None
   if queries is not None:
     t = h.shape[1]
@@ -150,10 +142,10 @@ def windowed_recurrent(mixer, h, window: int, sinks: int, chunk: int):
 def mix(mixer, spec, h, positions, restriction, queries, head_scale=None):
   """(mixer output [B, T, d], attention probabilities of `queries` or None) of one layer under `restriction`;
   `head_scale` [Hq] (attention layers only) multiplies each query head's output before the output projection."""
-  if spec.kind in ('full', 'swa', 'headwise'):
-    return _attention(mixer, spec, h, positions, restriction, queries, head_scale)
+  if registry.get(spec.kind).attention:
+    return _attention(mixer, restriction, h, positions, queries, head_scale)
   if head_scale is not None:
     raise ValueError(f'head_scale applies to attention layers, not to a {spec.kind!r} layer')
-  if spec.kind in RECURRENT_KINDS and restriction is not None and restriction.target == 'efficient':
+  if restriction is not None and restriction.target == 'efficient':  # Every efficient layer that is not attention.
     return windowed_recurrent(mixer, h, restriction.window, restriction.sinks, restriction.recurrent_chunk), None
   return mixer(h, positions), None

@@ -7,6 +7,8 @@ anything compiles.
 
 import ml_collections
 
+from hybrid_jax.models.mixers import registry
+
 
 def get_config(arg=None):
   del arg
@@ -28,7 +30,7 @@ def get_config(arg=None):
   m.d_ff = 320  # SwiGLU hidden width (the study uses 2.5 * d_model).
   # Layer pattern: layer i has kind cycle[i % len(cycle)]. Kinds: 'full' (full causal attention), 'swa'
   # (sliding-window attention), 'headwise' (SWA and full heads inside one layer), and the recurrent mixers
-  # 'lightning', 'mamba2', 'gdn' (see below). Default: 1:1 alternation with full attention at odd 0-based layers.
+  # 'lightning', 'mamba2', 'gdn' (see below), and any kind a module of `mixer_modules` registers. Default: 1:1 alternation with full attention at odd 0-based layers.
   m.cycle = ('swa', 'full')
   m.window = 128  # Keys each SWA query sees, itself included.
   m.rope_full = True  # RoPE on full-attention layers (False = NoPE, the study's SWA-128-NoPE design).
@@ -62,27 +64,12 @@ def get_config(arg=None):
   # the defaults here match the tiny scale (d_model 128).
   m.recurrent_implementation = 'auto'  # 'auto' | 'reference' | 'xla' | 'pallas_gpu' | 'pallas_tpu' (kernels).
   m.recurrent_chunk_size = 64  # Tokens per chunk of the chunked scans.
-  m.lightning = ml_collections.ConfigDict()  # Lightning Attention: linear attention, a fixed decay per head.
-  m.lightning.num_heads = 3  # Heads; head h of H decays by exp(-2^(-8(h+1)/H)) per token, for every H.
-  # 'closed_form': the rates above (MiniMax's layer, the study's code). 'alibi_interleaved': ALiBi's series, which
-  # differs when H is not a power of two; runs made before this key existed used it and load with it (a warning
-  # says so), and resuming one needs it set explicitly.
-  m.lightning.decay_rates = 'closed_form'
-  m.lightning.key_dim = 16  # Per-head query/key width.
-  m.lightning.value_dim = 32  # Per-head value (and output) width.
-  # MiniMax layer factor: layer l's decay rates are multiplied by (1 - l/(L-1)). Per-layer constants differ
-  # between repeats of the cycle, so it needs scan_layers=False.
-  m.lightning.layer_decay = False
-  m.mamba2 = ml_collections.ConfigDict()  # Mamba-2 (SSD), one B/C group.
-  m.mamba2.num_heads = 5  # Heads; inner width = num_heads * head_dim.
-  m.mamba2.head_dim = 16  # Channels per head (P).
-  m.mamba2.state_dim = 64  # SSM state size (N), shared by all heads.
-  m.mamba2.conv_width = 4  # Causal depthwise conv width on [x | B | C].
-  m.gdn = ml_collections.ConfigDict()  # Gated DeltaNet.
-  m.gdn.num_heads = 3  # Heads.
-  m.gdn.key_dim = 16  # Per-head query/key width.
-  m.gdn.value_dim = 32  # Per-head value (and output) width.
-  m.gdn.conv_width = 4  # Causal depthwise conv width on q, k and v.
+  # Each mixer's own section (model.lightning, model.mamba2, model.gdn, ...): its keys, defaults and what each
+  # means are declared in the mixer's module (hybrid_jax/models/mixers/<mixer>.py, FIELDS), its registry entry.
+  registry.add_sections(m, ml_collections.ConfigDict)
+  # Modules outside the package that define more mixer kinds (importable names, e.g. ('my_lab.kda',)); they are
+  # imported before the config is checked, so their kinds can appear in `cycle` (docs/ARCHITECTURE.md).
+  m.mixer_modules = ()
 
   # ------------------------------------------------------------------------------------------------ data
   d = c.data = ml_collections.ConfigDict()

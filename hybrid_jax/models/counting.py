@@ -5,46 +5,12 @@ everything else. A test checks these formulas against the real model's parameter
 """
 
 from hybrid_jax.models import pattern
-
-
-def attention_params(cfg) -> int:
-  """q, k, v, o projections, and one learned sink logit per head when the model has them."""
-  q_and_o = 2 * cfg.d_model * cfg.num_heads * cfg.head_dim
-  k_and_v = 2 * cfg.d_model * cfg.num_kv_heads * cfg.head_dim
-  return q_and_o + k_and_v + (cfg.num_heads if cfg.get('attention_sinks') else 0)
-
-
-def lightning_params(cfg) -> int:
-  """q, k (d x H x K), v, output gate, out projection (d x H x V each), per-head norm scale (V); the decay rates
-  2^(-8(h+1)/H) are constants, not parameters."""
-  lc, d = cfg.lightning, cfg.d_model
-  return d * lc.num_heads * (2 * lc.key_dim + 3 * lc.value_dim) + lc.value_dim
-
-
-def mamba2_params(cfg) -> int:
-  """in_proj [z | x | B | C | dt], conv on [x | B | C], A_log / dt_bias / D per head, norm and out_proj."""
-  mc, d = cfg.mamba2, cfg.d_model
-  inner = mc.num_heads * mc.head_dim
-  in_proj = d * (2 * inner + 2 * mc.state_dim + mc.num_heads)
-  conv = mc.conv_width * (inner + 2 * mc.state_dim)
-  return in_proj + conv + 3 * mc.num_heads + inner + inner * d
-
-
-def gdn_params(cfg) -> int:
-  """q, k, v with their convs, beta and decay projections, A_log / dt_bias, output gate, norm, out projection."""
-  gc, d = cfg.gdn, cfg.d_model
-  h, k, v = gc.num_heads, gc.key_dim, gc.value_dim
-  return d * h * (2 * k + 3 * v + 2) + gc.conv_width * h * (2 * k + v) + 2 * h + v
-
-
-_MIXER_PARAMS = {'full': attention_params, 'swa': attention_params, 'headwise': attention_params,
-                 'lightning': lightning_params, 'mamba2': mamba2_params, 'gdn': gdn_params}
+from hybrid_jax.models.mixers import attention, registry
 
 
 def mixer_params(cfg, spec: pattern.LayerSpec) -> int:
-  if spec.kind not in _MIXER_PARAMS:
-    raise ValueError(f'no parameter count for layer kind {spec.kind!r}')
-  return _MIXER_PARAMS[spec.kind](cfg)
+  """The mixer's parameters, by its registry entry (hybrid_jax.models.mixers.registry)."""
+  return registry.get(spec.kind).params(cfg, spec)
 
 
 def block_params(cfg, spec: pattern.LayerSpec) -> dict:
@@ -63,11 +29,6 @@ def param_counts(cfg) -> dict:
           'layers': layers}
 
 
-MATCHED_KINDS = ('lightning', 'mamba2', 'gdn')
-_SHAPE_FIELDS = {'lightning': ('num_heads', 'key_dim', 'value_dim'),
-                 'mamba2': ('num_heads', 'head_dim', 'state_dim'), 'gdn': ('num_heads', 'key_dim', 'value_dim')}
-
-
 def mixer_matching_table(scales=('tiny', 's1', 's2', 's3', 's4', 's5')) -> list[dict]:
   """Per scale and recurrent kind: the configured inner shape, its parameter count and the ratio to attention.
 
@@ -76,11 +37,13 @@ def mixer_matching_table(scales=('tiny', 's1', 's2', 's3', 's4', 's5')) -> list[
   from hybrid_jax.config import CONFIG_DIR, load_config_file  # Deferred: config files import hybrid_jax.config.
   rows = []
   for scale in scales:
-    for kind in MATCHED_KINDS:
-      cfg = load_config_file(f'{CONFIG_DIR / "hybrid.py"}:arch={kind},scale={scale}').model
-      attention, mixer = attention_params(cfg), _MIXER_PARAMS[kind](cfg)
-      rows.append({'scale': scale, 'd_model': cfg.d_model, 'kind': kind, 'attention': attention, 'mixer': mixer,
-                   'shape': {f: cfg[kind][f] for f in _SHAPE_FIELDS[kind]}, 'ratio': mixer / attention})
+    for kind in [k for k in registry.kinds() if k.matched_shape]:
+      cfg = load_config_file(f'{CONFIG_DIR / "hybrid.py"}:arch={kind.name},scale={scale}').model
+      spec = pattern.layer_spec(cfg, 0)
+      baseline, mixer = attention.attention_params(cfg), kind.params(cfg, spec)
+      rows.append({'scale': scale, 'd_model': cfg.d_model, 'kind': kind.name, 'attention': baseline,
+                   'mixer': mixer, 'shape': {f: cfg[kind.section][f] for f in kind.matched_shape},
+                   'ratio': mixer / baseline})
   return rows
 
 

@@ -7,6 +7,7 @@ What is counted (one multiply-add = 2 FLOPs):
 - every dense projection (q/k/v/o, gates, recurrent in/out projections, MLP) and the LM head: 2 x weights per token;
 - attention scores and values: 4 * heads * head_dim * P per sequence, P = visible (query, key) pairs; exact for
   causal full attention, P = T(T+1)/2, and for a window w, P = w(w+1)/2 + (T - w)w (docs/KERNELS.md, "FLOP model");
+Each mixer's count lives in its registry entry (hybrid_jax.models.mixers.registry), built from the terms below:
 - chunked scans by the chunk FLOP model of docs/KERNELS.md at model.recurrent_chunk_size (terms listed in
   `scalar_scan_flops` and `delta_rule_flops`); the last partial chunk is counted at its real length, so the count
   is exact for any T;
@@ -20,6 +21,7 @@ recompute of Q K^T: a kernel's work, not the model's.)
 """
 
 from hybrid_jax.models import pattern
+from hybrid_jax.models.mixers import registry
 
 TRAIN_MULTIPLIER = 3  # forward + backward (2 x forward) in model FLOPs.
 
@@ -74,52 +76,11 @@ def delta_rule_flops(t: int, chunk: int, heads: int, key_dim: int, value_dim: in
   return heads * per_head
 
 
-def _attention_parts(cfg, spec, t):
-  d, hq, hkv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  projections = 2 * t * (2 * d * hq * hd + 2 * d * hkv * hd)
-  if spec.kind == 'headwise':
-    full_q = spec.full_kv_heads * (hq // hkv)
-    core = (attention_core_flops(t, hq - full_q, hd, spec.window) + attention_core_flops(t, full_q, hd, None))
-  else:
-    core = attention_core_flops(t, hq, hd, spec.window)
-  return {'projections': projections, 'core': core, 'conv': 0}
-
-
-def _lightning_parts(cfg, spec, t):
-  lc, d, c = cfg.lightning, cfg.d_model, cfg.recurrent_chunk_size
-  h, k, v = lc.num_heads, lc.key_dim, lc.value_dim
-  # q, k (K wide); v, output gate, out proj (V wide). The decay is a constant per head, 2^(-8(h+1)/H): no projection.
-  return {'projections': 2 * t * d * h * (2 * k + 3 * v),
-          'core': scalar_scan_flops(t, c, h, k, h, v), 'conv': 0}
-
-
-def _mamba2_parts(cfg, spec, t):
-  mc, d, c = cfg.mamba2, cfg.d_model, cfg.recurrent_chunk_size
-  h, p, n = mc.num_heads, mc.head_dim, mc.state_dim
-  inner = h * p
-  return {'projections': 2 * t * d * (3 * inner + 2 * n + h),  # z, x, out (inner wide); B, C (n); dt (h).
-          'core': scalar_scan_flops(t, c, 1, n, h, p),  # q = C, k = B: one key head of width n; v: h heads of p.
-          'conv': 2 * t * mc.conv_width * (inner + 2 * n)}
-
-
-def _gdn_parts(cfg, spec, t):
-  gc, d, c = cfg.gdn, cfg.d_model, cfg.recurrent_chunk_size
-  h, k, v = gc.num_heads, gc.key_dim, gc.value_dim
-  return {'projections': 2 * t * d * h * (2 * k + 3 * v + 2),  # q, k; v, gate, out; beta and decay (1 each).
-          'core': delta_rule_flops(t, c, h, k, v), 'conv': 2 * t * gc.conv_width * h * (2 * k + v)}
-
-
-_PARTS = {'full': _attention_parts, 'swa': _attention_parts, 'headwise': _attention_parts,
-          'lightning': _lightning_parts, 'mamba2': _mamba2_parts, 'gdn': _gdn_parts}
-
-
 def layer_flops(cfg, spec: pattern.LayerSpec, seq_len: int) -> dict:
   """Forward FLOPs of one block over one sequence of `seq_len` tokens: mixer parts, MLP and their total."""
-  if spec.kind not in _PARTS:
-    raise ValueError(f'no FLOP model for layer kind {spec.kind!r}; known: {", ".join(_PARTS)}')
   if seq_len <= 0:
     raise ValueError(f'seq_len must be positive, got {seq_len}')
-  parts = _PARTS[spec.kind](cfg, spec, seq_len)
+  parts = registry.get(spec.kind).flops(cfg, spec, seq_len)
   mlp = 2 * seq_len * 3 * cfg.d_model * cfg.d_ff
   mixer = parts['projections'] + parts['core'] + parts['conv']
   # mlp_in: the gate and up projections, 2 of the MLP's 3 matmuls (what remat runs again of it).

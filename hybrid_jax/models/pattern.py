@@ -5,11 +5,13 @@ Stacks are repeats of `model.cycle`, so a scanned model scans one cycle and comp
 
 import dataclasses
 
+from hybrid_jax.models.mixers import registry
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
   """What one layer is: its mixer kind, attention window (None = full) and whether it uses RoPE."""
-  kind: str  # 'full' | 'swa' | 'headwise' | 'lightning' | 'mamba2' | 'gdn'
+  kind: str  # A registered kind: hybrid_jax.models.mixers.registry.
   window: int | None
   rope: bool
   full_kv_heads: int = 0  # 'headwise' only: KV groups (and their query heads) that attend fully.
@@ -22,26 +24,13 @@ class LayerSpec:
 
 
 def layer_spec(model_cfg, index: int) -> LayerSpec:
-  """The spec of layer `index` (0-based): kind = cycle[index % len(cycle)]."""
+  """The spec of layer `index` (0-based): kind = cycle[index % len(cycle)], the rest from that kind's registry
+  entry (hybrid_jax.models.mixers.registry; a kind without a spec rule has no window and no RoPE)."""
   if not 0 <= index < model_cfg.num_layers:
     raise IndexError(f'layer index {index} outside 0..{model_cfg.num_layers - 1}')
   cycle = tuple(model_cfg.cycle)
-  kind = cycle[index % len(cycle)]
-  if kind == 'full':
-    return LayerSpec('full', None, bool(model_cfg.rope_full))
-  if kind == 'swa':
-    return LayerSpec('swa', int(model_cfg.window), bool(model_cfg.rope_swa))
-  if kind == 'headwise':
-    # One RoPE setting per layer: head-wise layers follow the SWA setting (their windowed heads need position).
-    return LayerSpec('headwise', int(model_cfg.window), bool(model_cfg.rope_swa),
-                     int(model_cfg.headwise_full_kv_heads))
-  if kind == 'lightning':
-    last = model_cfg.num_layers - 1
-    scale = 1.0 - index / last if model_cfg.lightning.layer_decay and last > 0 else 1.0
-    return LayerSpec('lightning', None, False, decay_scale=scale)
-  if kind in ('mamba2', 'gdn'):
-    return LayerSpec(kind, None, False)  # Recurrent: position comes from the recurrence, no RoPE.
-  raise ValueError(f'unknown layer kind {kind!r} in model.cycle={cycle}')
+  kind = registry.get(cycle[index % len(cycle)])
+  return kind.spec(model_cfg, index) if kind.spec else LayerSpec(kind.name, None, False)
 
 
 def stack_layout(model_cfg) -> tuple[int, int]:

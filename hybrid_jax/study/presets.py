@@ -13,6 +13,7 @@ import dataclasses
 from hybrid_jax.config import CONFIG_DIR, ConfigError, load_config_file, validate
 from hybrid_jax.data import recall as recall_data
 from hybrid_jax.models import pattern
+from hybrid_jax.models.mixers import registry
 
 # Study label -> (arch in the config `hybrid`, which window its sliding layers use: 'small' | 'middle' | 'large' |
 # None for no sliding layer). The report lists arches in this order.
@@ -205,8 +206,8 @@ def run_config(label: str, preset: Preset, seed: int = 0):
                       progress=False))
   c.train.update(dict(preset.train))
   c.eval.update(dict(batches=preset.eval_batches, documents=0))
-  kinds = {pattern.layer_spec(c.model, i).kind for i in range(c.model.num_layers)}
-  if not kinds & {'full', 'headwise'}:  # Every verdict is about the full-attention layers.
+  roles = {registry.get(pattern.layer_spec(c.model, i).kind).role for i in range(c.model.num_layers)}
+  if not roles & {'full', 'headwise'}:  # Every verdict is about the full-attention layers.
     name = next((n for n, p in PRESETS.items() if p == preset), 'this preset')
     holding = [n for n, p in PRESETS.items() if label in p.arches]
     raise ConfigError(f'the mini-study preset {name!r} cannot hold {label}: its {c.model.num_layers}-layer stack '

@@ -51,7 +51,7 @@ def judge(result: dict, expected: str) -> str:
   if result['rho'] is None:
     return 'not separable'
   sign = 1.0 if expected == 'increasing' else -1.0
-  rho, low, high = sign * result['rho'], *sorted(sign * np.asarray(result['interval']))
+  rho, _, high = sign * result['rho'], *sorted(sign * np.asarray(result['interval']))
   if result['p'] < ALPHA:
     return 'reproduced' if rho > 0 else 'not reproduced'
   return 'not reproduced' if high < MIN_RHO else 'not separable'

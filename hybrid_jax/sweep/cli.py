@@ -12,7 +12,6 @@ overrides apply to every run; on a rerun, one that would change a key that defin
 that run, as `train` refuses it.
 """
 
-import sys
 
 from hybrid_jax import checks, command_line
 from hybrid_jax.sweep import members as members_lib, runner as runner_lib, status as status_lib

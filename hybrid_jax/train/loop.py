@@ -25,6 +25,7 @@ from hybrid_jax.data.tokenizers import get_tokenizer
 from hybrid_jax.errors import UserError
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
+from hybrid_jax.models.mixers import registry
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import checkpoint, hooks as hooks_lib, metrics, optim, report, state as state_lib
 from hybrid_jax.train import session as session_lib, step as step_lib
@@ -91,19 +92,15 @@ def _check_vocab(config):
 
 def init_from_mismatch(run_dir, model_cfg) -> str | None:
   """Why parameters taken from `run_dir` compute something else in a model of `model_cfg` that has the same shapes
-  (today: Lightning decay rates, which are constants, not parameters), or None. A run without a readable config is
-  not judged."""
+  (a mixer's constants that are not parameters, e.g. Lightning's decay rates: each registry entry's
+  init_mismatch), or None. A run without a readable config is not judged."""
   from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
   try:
     source = runs.load_config(run_dir).model
   except runs.RunError:
     return None
-  if 'lightning' in source.cycle and source.lightning.decay_rates != model_cfg.lightning.decay_rates:
-    return (f'config.train.init_from={run_dir}: its Lightning layers were trained with decay rates '
-            f'{source.lightning.decay_rates!r}, this run uses {model_cfg.lightning.decay_rates!r}; the copied '
-            'parameters start from a model with other decays (set --config.model.lightning.decay_rates='
-            f'{source.lightning.decay_rates} to keep them)')
-  return None
+  reason = registry.init_mismatch(source, model_cfg)
+  return reason and f'config.train.init_from={run_dir}: {reason}'
 
 
 def _params_of_run(run_dir, params, model_cfg):

@@ -13,11 +13,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax import kernels
+from hybrid_jax import errors, kernels
 from hybrid_jax.kernels.attention import xla as xla_attention
 from hybrid_jax.models import cache as cache_lib
-from hybrid_jax.models import layers
+from hybrid_jax.models import flops, layers, pattern
 from hybrid_jax.models.layers import checkpoint_name, dtype_of, init_stds, name_heads, param, project_heads, rope
+from hybrid_jax.models.mixers import registry
 from hybrid_jax.parallel import activations
 
 
@@ -42,25 +43,33 @@ class Attention(nnx.Module):
     impl = cfg.attention_implementation
     self.implementation = None if impl == 'auto' else impl
 
-  def _qkv(self, x, positions):
+  def qkv(self, x, positions):
+    """Queries, keys and values [B, T, heads, head_dim] of x as the layer attends with them (RoPE applied)."""
     q, k, v = (project_heads(x, w[...], self.dtype) for w in (self.wq, self.wk, self.wv))
     if self.spec.rope:
       q = rope(q, positions, base=self.rope_base)
       k = rope(k, positions, base=self.rope_base)
     return name_heads(q, layers.QUERY), name_heads(k, layers.KEY), name_heads(v, layers.VALUE)
 
-  def _out(self, o):
+  def out(self, o):
+    """The output projection of per-head outputs o [B, T, Hq, head_dim]."""
     return checkpoint_name(jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype)),
                            layers.MIXER_OUT)
 
   def __call__(self, x, positions):
-    q, k, v = self._qkv(x, positions)
-    return self._out(self._attend(q, k, v))
+    q, k, v = self.qkv(x, positions)
+    return self.out(self._attend(q, k, v))
 
   def _attend(self, q, k, v):
-    if self.spec.kind == 'headwise':
-      return self._headwise(q, k, v)
-    return self.attend(q, k, v, self.spec.window)
+    """Each KV group through its window (head-wise layers: the windowed groups first, then the full ones)."""
+    groups = self.kv_groups()
+    if len(groups) == 1:
+      return self.attend(q, k, v, groups[0][0])
+    outs = []
+    for window, kv in groups:
+      heads = slice(kv.start * self.groups, kv.stop * self.groups)
+      outs.append(self.attend(q[:, :, heads], k[:, :, kv], v[:, :, kv], window, heads))
+    return jnp.concatenate(outs, axis=2)
 
   def attend(self, q, k, v, window, heads: slice = slice(None), *, sink_positions: int = 0):
     """Attention o [B, T, h, D] of query heads `heads` of this layer (q holds just those) over k/v through `window`
@@ -74,32 +83,28 @@ class Attention(nnx.Module):
     return (o * jax.nn.sigmoid(lse - self.sinks[...][heads].astype(lse.dtype))[..., None]).astype(o.dtype)
 
   # ------------------------------------------------------------------------------------------- decoding
-  def _groups(self):
-    """(window, kv-head slice) of each cache: one for full/SWA layers, two for head-wise layers."""
-    hkv = self.wk.shape[-2]  # (also right on a scanned stack, whose params have a leading layers axis)
-    if self.spec.kind == 'headwise':
-      n_swa = hkv - self.spec.full_kv_heads
-      return [(self.spec.window, slice(0, n_swa)), (None, slice(n_swa, hkv))]
-    return [(self.spec.window, slice(0, hkv))]
+  def kv_groups(self):
+    """(window, kv-head slice) of each group of KV heads (one cache each): see `kv_groups` below."""
+    return kv_groups(self.spec, self.wk.shape[-2])  # (also right on a scanned stack: a leading layers axis)
 
   def init_state(self, batch: int, max_len: int):
     """KV caches: max_len entries for full attention, a ring of min(w, max_len) entries for a window w."""
     hd = self.wk.shape[-1]
     return [cache_lib.init_kv(batch, max_len if w is None else min(w, max_len), kv.stop - kv.start, hd, self.dtype)
-            for w, kv in self._groups()]
+            for w, kv in self.kv_groups()]
 
   def prefill(self, x, positions, state):
     """The parallel forward pass over a prompt (positions 0..T-1), also filling the caches."""
-    q, k, v = self._qkv(x, positions)
+    q, k, v = self.qkv(x, positions)
     o = self._attend(q, k, v)
-    state = [cache_lib.write_prefix(c, k[:, :, kv], v[:, :, kv]) for c, (_, kv) in zip(state, self._groups())]
-    return self._out(o), state
+    state = [cache_lib.write_prefix(c, k[:, :, kv], v[:, :, kv]) for c, (_, kv) in zip(state, self.kv_groups())]
+    return self.out(o), state
 
   def step(self, x, position, state):
     """One token x [B, 1, d] at `position` against the caches."""
-    q, k, v = self._qkv(x, jnp.reshape(position, (1,)))
+    q, k, v = self.qkv(x, jnp.reshape(position, (1,)))
     outs, new_state = [], []
-    for cache, (window, kv) in zip(state, self._groups()):
+    for cache, (window, kv) in zip(state, self.kv_groups()):
       cache = cache_lib.write_one(cache, k[:, 0, kv], v[:, 0, kv], position)
       held = cache_lib.slot_positions(cache['k'].shape[1], position)
       visible = (held >= 0) if window is None else (held >= 0) & (held > position - window)
@@ -109,16 +114,7 @@ class Attention(nnx.Module):
       outs.append(_attend_one(q_group, cache['k'], cache['v'], visible, self.scale, sinks))
       new_state.append(cache)
     o = jnp.concatenate(outs, axis=1)[:, None]
-    return self._out(o), new_state
-
-  def _headwise(self, q, k, v):
-    """The first KV groups attend through the window, the last `full_kv_heads` groups attend fully."""
-    n_swa_kv = k.shape[2] - self.spec.full_kv_heads
-    n_swa_q = n_swa_kv * self.groups
-    o_swa = self.attend(q[:, :, :n_swa_q], k[:, :, :n_swa_kv], v[:, :, :n_swa_kv], self.spec.window,
-                        slice(0, n_swa_q))
-    o_full = self.attend(q[:, :, n_swa_q:], k[:, :, n_swa_kv:], v[:, :, n_swa_kv:], None, slice(n_swa_q, None))
-    return jnp.concatenate([o_swa, o_full], axis=2)
+    return self.out(o), new_state
 
 
 _Q_AXES = ('batch', None, 'heads', None)  # The kernel needs whole sequences: 'seq' is never split here.
@@ -147,3 +143,61 @@ def _attend_one(q, k, v, visible, scale, sinks=None):
     lse = jax.nn.logsumexp(logits, axis=-1)
     o = o * jax.nn.sigmoid(lse - sinks.astype(lse.dtype).reshape(hkv, hq // hkv))[..., None]
   return o.reshape(b, hq, d).astype(q.dtype)
+
+
+def kv_groups(spec, kv_heads: int) -> list[tuple[int | None, slice]]:
+  """(window or None for full causal, kv-head slice) of each group of KV heads of an attention layer: one group for
+  full and SWA layers; for head-wise layers the windowed groups, then the last `full_kv_heads` that attend fully."""
+  if spec.kind == 'headwise':
+    n_swa = kv_heads - spec.full_kv_heads
+    return [(spec.window, slice(0, n_swa)), (None, slice(n_swa, kv_heads))]
+  return [(spec.window, slice(0, kv_heads))]
+
+
+# ------------------------------------------------------------------------------------------- registry entries
+def attention_params(cfg, spec=None) -> int:
+  """q, k, v, o projections, and one learned sink logit per head when the model has them."""
+  del spec  # Every attention kind has the same weights.
+  q_and_o = 2 * cfg.d_model * cfg.num_heads * cfg.head_dim
+  k_and_v = 2 * cfg.d_model * cfg.num_kv_heads * cfg.head_dim
+  return q_and_o + k_and_v + (cfg.num_heads if cfg.get('attention_sinks') else 0)
+
+
+def attention_flops(cfg, spec, t: int) -> dict:
+  """The four projections, and softmax(Q K^T) V over the pairs each KV group's window leaves visible."""
+  d, hq, hkv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  projections = 2 * t * (2 * d * hq * hd + 2 * d * hkv * hd)
+  per_kv = hq // hkv
+  core = sum(flops.attention_core_flops(t, (kv.stop - kv.start) * per_kv, hd, window)
+             for window, kv in kv_groups(spec, hkv))
+  return {'projections': projections, 'core': core, 'conv': 0}
+
+
+def _check_window(cfg, used):
+  del used  # Checked even when no layer slides: a bad value is a typo waiting for the next cycle.
+  window = cfg.window
+  if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+    raise errors.invalid_config('model.window', window, 'must be a positive integer (keys each query sees, itself included)')
+
+
+def _check_headwise(cfg, used):
+  _check_window(cfg, used)
+  value = cfg.headwise_full_kv_heads
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise errors.invalid_config('model.headwise_full_kv_heads', value, 'must be a positive integer')
+  if used and not 0 < value < cfg.num_kv_heads:
+    raise errors.invalid_config('model.headwise_full_kv_heads', value,
+                           f'must be between 1 and model.num_kv_heads - 1 = {cfg.num_kv_heads - 1}')
+
+
+registry.register(registry.MixerKind(
+    'full', build=Attention, params=attention_params, flops=attention_flops, role='full', attention=True,
+    spec=lambda cfg, index: pattern.LayerSpec('full', None, bool(cfg.rope_full))))
+registry.register(registry.MixerKind(
+    'swa', build=Attention, params=attention_params, flops=attention_flops, attention=True, validate=_check_window,
+    spec=lambda cfg, index: pattern.LayerSpec('swa', int(cfg.window), bool(cfg.rope_swa))))
+# One RoPE setting per layer: head-wise layers follow the SWA setting (their windowed heads need position).
+registry.register(registry.MixerKind(
+    'headwise', build=Attention, params=attention_params, flops=attention_flops, role='headwise', attention=True,
+    validate=_check_headwise, spec=lambda cfg, index: pattern.LayerSpec(
+        'headwise', int(cfg.window), bool(cfg.rope_swa), int(cfg.headwise_full_kv_heads))))

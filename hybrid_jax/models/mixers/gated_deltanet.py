@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hybrid_jax.models import flops
 from hybrid_jax.models.layers import dtype_of, init_stds, param
-from hybrid_jax.models.mixers import recurrent
+from hybrid_jax.models.mixers import recurrent, registry
 
 
 class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
@@ -68,3 +69,33 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     gate = jax.nn.silu(recurrent.project_in(x, self.wg, dt).astype(jnp.float32))
     o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), new_state
+
+
+# ------------------------------------------------------------------------------------------- registry entry
+FIELDS = {
+    'num_heads': registry.positive_int(3, 'Heads.'),
+    'key_dim': registry.positive_int(16, 'Per-head query/key width.'),
+    'value_dim': registry.positive_int(32, 'Per-head value (and output) width.'),
+    'conv_width': registry.positive_int(4, 'Causal depthwise conv width on q, k and v.'),
+}
+
+
+def gdn_params(cfg, spec=None) -> int:
+  """q, k, v with their convs, beta and decay projections, A_log / dt_bias, output gate, norm, out projection."""
+  del spec
+  gc, d = cfg.gdn, cfg.d_model
+  h, k, v = gc.num_heads, gc.key_dim, gc.value_dim
+  return d * h * (2 * k + 3 * v + 2) + gc.conv_width * h * (2 * k + v) + 2 * h + v
+
+
+def gdn_flops(cfg, spec, t: int) -> dict:
+  del spec
+  gc, d, c = cfg.gdn, cfg.d_model, cfg.recurrent_chunk_size
+  h, k, v = gc.num_heads, gc.key_dim, gc.value_dim
+  return {'projections': 2 * t * d * h * (2 * k + 3 * v + 2),  # q, k; v, gate, out; beta and decay (1 each).
+          'core': flops.delta_rule_flops(t, c, h, k, v), 'conv': 2 * t * gc.conv_width * h * (2 * k + v)}
+
+
+registry.register(registry.MixerKind(
+    'gdn', build=GatedDeltaNet, params=gdn_params, flops=gdn_flops, section='gdn', fields=FIELDS,
+    matched_shape=('num_heads', 'key_dim', 'value_dim')))

@@ -12,9 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.config import LIGHTNING_DECAY_RATES as DECAY_RATES  # model.lightning.decay_rates: the series.
+from hybrid_jax import errors
+from hybrid_jax.models import flops, pattern
 from hybrid_jax.models.layers import dtype_of, init_stds, param
-from hybrid_jax.models.mixers import recurrent
+from hybrid_jax.models.mixers import recurrent, registry
+
+DECAY_RATES = ('closed_form', 'alibi_interleaved')  # model.lightning.decay_rates: the series.
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -77,3 +80,61 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     gate = jax.nn.sigmoid(proj(self.wg).astype(jnp.float32))
     o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), {'scan': scan_state}
+
+
+# ------------------------------------------------------------------------------------------- registry entry
+FIELDS = {
+    'num_heads': registry.positive_int(3, 'Heads; head h of H decays by exp(-2^(-8(h+1)/H)) per token, for every H.'),
+    'decay_rates': registry.choice(
+        'closed_form', DECAY_RATES, "'closed_form': the rates above (MiniMax's layer, the study's code). "
+        "'alibi_interleaved': ALiBi's series, which differs when H is not a power of two; runs made before this key "
+        'existed used it and load with it (a warning says so), and resuming one needs it set explicitly.'),
+    'key_dim': registry.positive_int(16, 'Per-head query/key width.'),
+    'value_dim': registry.positive_int(32, 'Per-head value (and output) width.'),
+    'layer_decay': registry.boolean(
+        False, "MiniMax layer factor: layer l's decay rates are multiplied by (1 - l/(L-1)). Per-layer constants "
+        'differ between repeats of the cycle, so it needs scan_layers=False.'),
+}
+
+
+def lightning_params(cfg, spec=None) -> int:
+  """q, k (d x H x K), v, output gate, out projection (d x H x V each), per-head norm scale (V); the decay rates
+  2^(-8(h+1)/H) are constants, not parameters."""
+  del spec
+  lc, d = cfg.lightning, cfg.d_model
+  return d * lc.num_heads * (2 * lc.key_dim + 3 * lc.value_dim) + lc.value_dim
+
+
+def lightning_flops(cfg, spec, t: int) -> dict:
+  del spec
+  lc, d, c = cfg.lightning, cfg.d_model, cfg.recurrent_chunk_size
+  h, k, v = lc.num_heads, lc.key_dim, lc.value_dim
+  # q, k (K wide); v, output gate, out proj (V wide). The decay is a constant per head, 2^(-8(h+1)/H): no projection.
+  return {'projections': 2 * t * d * h * (2 * k + 3 * v),
+          'core': flops.scalar_scan_flops(t, c, h, k, h, v), 'conv': 0}
+
+
+def _spec(cfg, index):
+  last = cfg.num_layers - 1
+  scale = 1.0 - index / last if cfg.lightning.layer_decay and last > 0 else 1.0
+  return pattern.LayerSpec('lightning', None, False, decay_scale=scale)
+
+
+def _validate(cfg, used):
+  if used and cfg.lightning.layer_decay and cfg.scan_layers:
+    raise errors.invalid_config('model.lightning.layer_decay', True, 'needs model.scan_layers=False (the per-layer decay '
+                           'factor differs between repeats of the cycle)')
+
+
+def _init_mismatch(source, cfg):
+  if source.lightning.decay_rates != cfg.lightning.decay_rates:
+    return (f'its Lightning layers were trained with decay rates {source.lightning.decay_rates!r}, this run uses '
+            f'{cfg.lightning.decay_rates!r}; the copied parameters start from a model with other decays (set '
+            f'--config.model.lightning.decay_rates={source.lightning.decay_rates} to keep them)')
+  return None
+
+
+registry.register(registry.MixerKind(
+    'lightning', build=Lightning, params=lightning_params, flops=lightning_flops, spec=_spec, section='lightning',
+    fields=FIELDS, validate=_validate, matched_shape=('num_heads', 'key_dim', 'value_dim'),
+    init_mismatch=_init_mismatch))

@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hybrid_jax.models import flops
 from hybrid_jax.models.layers import dtype_of, init_stds, param
-from hybrid_jax.models.mixers import recurrent
+from hybrid_jax.models.mixers import recurrent, registry
 
 
 class Mamba2(recurrent.DecodeMixin, nnx.Module):
@@ -70,3 +71,37 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     y = recurrent.rms_norm(y, self.norm[...].reshape(h * p), self.eps).reshape(b, t, h, p).astype(dt)
     out = recurrent.named_out(jnp.einsum('bthp,hpd->btd', y, self.out[...].astype(dt)))
     return out, {'conv': conv_state, 'scan': scan_state}
+
+
+# ------------------------------------------------------------------------------------------- registry entry
+FIELDS = {
+    'num_heads': registry.positive_int(5, 'Heads; inner width = num_heads * head_dim.'),
+    'head_dim': registry.positive_int(16, 'Channels per head (P).'),
+    'state_dim': registry.positive_int(64, 'SSM state size (N), shared by all heads.'),
+    'conv_width': registry.positive_int(4, 'Causal depthwise conv width on [x | B | C].'),
+}
+
+
+def mamba2_params(cfg, spec=None) -> int:
+  """in_proj [z | x | B | C | dt], conv on [x | B | C], A_log / dt_bias / D per head, norm and out_proj."""
+  del spec
+  mc, d = cfg.mamba2, cfg.d_model
+  inner = mc.num_heads * mc.head_dim
+  in_proj = d * (2 * inner + 2 * mc.state_dim + mc.num_heads)
+  conv = mc.conv_width * (inner + 2 * mc.state_dim)
+  return in_proj + conv + 3 * mc.num_heads + inner + inner * d
+
+
+def mamba2_flops(cfg, spec, t: int) -> dict:
+  del spec
+  mc, d, c = cfg.mamba2, cfg.d_model, cfg.recurrent_chunk_size
+  h, p, n = mc.num_heads, mc.head_dim, mc.state_dim
+  inner = h * p
+  return {'projections': 2 * t * d * (3 * inner + 2 * n + h),  # z, x, out (inner wide); B, C (n); dt (h).
+          'core': flops.scalar_scan_flops(t, c, 1, n, h, p),  # q = C, k = B: one key head of width n; v: h heads of p.
+          'conv': 2 * t * mc.conv_width * (inner + 2 * n)}
+
+
+registry.register(registry.MixerKind(
+    'mamba2', build=Mamba2, params=mamba2_params, flops=mamba2_flops, section='mamba2', fields=FIELDS,
+    matched_shape=('num_heads', 'head_dim', 'state_dim')))
