@@ -13,6 +13,7 @@ import math
 
 from hybrid_jax.hf import HFError
 from hybrid_jax.models import pattern
+from hybrid_jax.models.mixers import registry
 
 # model_type -> transformers class (import and export). Tensor names: weights.TABLES.
 HF_CLASSES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'smollm3': 'SmolLM3ForCausalLM',
@@ -61,7 +62,7 @@ def layer_plan(model_cfg) -> list[Layer]:
     spec = pattern.layer_spec(model_cfg, i)
     if spec.kind not in EXPORTABLE_KINDS:
       why = ('SWA and full heads inside one layer' if spec.kind == 'headwise'
-             else 'a recurrent mixer')
+             else 'attention of another kind' if registry.get(spec.kind).attention else 'not attention')
       raise HFError(f'layer {i} is a {spec.kind!r} mixer ({why}), which no transformers class expresses; '
                     f'exportable layer kinds: {", ".join(EXPORTABLE_KINDS)} (model.cycle={tuple(model_cfg.cycle)})')
     plan.append(Layer(spec.window, spec.rope))
