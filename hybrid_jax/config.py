@@ -13,18 +13,15 @@ import shlex
 
 import ml_collections
 
-from hybrid_jax import checks
-from hybrid_jax.data import recall
-from hybrid_jax.errors import ConfigError, InputError, invalid_config
+from hybrid_jax import config_keys as keys
+from hybrid_jax.data import validation as data_validation
+from hybrid_jax.errors import ConfigError
+from hybrid_jax.models import validation as model_validation
 from hybrid_jax.models.mixers import registry
+from hybrid_jax.parallel import validation as parallel_validation
 from hybrid_jax.user_files import call_file_function, load_python_file
 
-RECURRENT_IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'pallas_gpu', 'pallas_tpu')
-REMAT_POLICIES = ('none', 'full', 'save_dots', 'minimal', 'recompute_mlp')
 SCHEDULES = ('wsd', 'cosine', 'constant')
-SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
-DTYPES = ('float32', 'bfloat16', 'float16')
-ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'reference', 'cudnn', 'pallas_gpu', 'pallas_tpu')
 # The packaged config files (a package of the install, so a wheel carries them); commands name them without a path.
 CONFIG_DIR = pathlib.Path(__file__).resolve().with_name('configs')
 BASE_CONFIG = CONFIG_DIR / 'base.py'  # Every key of a run and its default, documented.
@@ -164,51 +161,6 @@ def load_run(run: str):
     raise ConfigError(f'run {run!r}: {e}') from e
 
 
-def _fail(key, value, allowed):
-  raise invalid_config(key, value, allowed)
-
-
-def _number(c, key, **bounds):
-  """The number at `key` checked by hybrid_jax.checks.number (finite, within `bounds`); ConfigError naming it."""
-  try:
-    return checks.number(_get(c, key), f'config.{key}', **bounds)
-  except InputError as e:
-    raise ConfigError(str(e)) from None
-
-
-def _positive_int(c, key):
-  return _number(c, key, integer=True, positive=True)
-
-
-def _nonneg_number(c, key):
-  return _number(c, key, nonnegative=True)
-
-
-def _choice(c, key, allowed):
-  value = _get(c, key)
-  if value not in allowed:
-    _fail(key, value, f'allowed: {", ".join(allowed)}')
-  return value
-
-
-def _get(c, key):
-  node = c
-  for part in key.split('.'):
-    if part not in node:
-      raise ConfigError(f'config.{key} is missing (start from the packaged base config, {BASE_CONFIG}, which '
-                        'defines every key)')
-    node = node[part]
-  return node
-
-
-def _validate_mixers(c):
-  """The layer kinds of model.cycle and every mixer's own keys (by the mixer registry: each kind checks its section,
-  used or not), then the settings the recurrent kernels share."""
-  registry.validate(c.model)
-  _positive_int(c, 'model.recurrent_chunk_size')
-  _choice(c, 'model.recurrent_implementation', RECURRENT_IMPLEMENTATIONS)
-
-
 def with_mixer_sections(config):
   """`config` with the mixer modules it names (model.mixer_modules) imported and every registered kind's config
   section present (defaults where the config lacks one): what a config needs before its mixer keys are read."""
@@ -227,127 +179,63 @@ def _leaf_keys(c, prefix=''):
 
 
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Checks every key that shapes the model, data and training; returns the config unchanged."""
+  """Checks every key of a run config, once, before anything compiles; returns the config unchanged.
+
+  The keys every run has are checked here (present, finite, none unknown), then each layer checks its own section:
+  hybrid_jax.models.validation (config.model, with each mixer's section by the mixer registry),
+  hybrid_jax.data.validation (config.data), hybrid_jax.parallel.validation (config.parallel); the training and
+  evaluation sections and the seed are checked here, above them.
+  """
   with_mixer_sections(c)  # The kinds of model.mixer_modules and their config sections are known from here on.
   known = list(_leaf_keys(load_config_file(str(BASE_CONFIG))))
   for key in known:
-    value = _get(c, key)  # Every default must be present: configs start from the packaged base config.
+    value = keys.value(c, key)  # Every default must be present: configs start from the packaged base config.
     if isinstance(value, float) and not math.isfinite(value):  # No key means anything by inf or nan.
-      _fail(key, value, 'must be a finite number')
+      keys.fail(key, value, 'must be a finite number')
   for key in _leaf_keys(c):  # A key no code reads is a typo (a config file's, like an override's): refused alike.
     if key not in known:
       near = difflib.get_close_matches(key, known, n=1)
       hint = f'did you mean config.{near[0]}? ' if near else ''
       raise ConfigError(f'config.{key} does not exist ({hint}keys are listed in {BASE_CONFIG})')
-  for key in ('model.vocab_size', 'model.d_model', 'model.num_layers', 'model.num_heads', 'model.num_kv_heads',
-              'model.head_dim', 'model.d_ff', 'data.seq_len', 'train.steps', 'train.batch_size',
-              'train.grad_accum', 'train.log_every', 'train.checkpoint_every', 'train.keep_checkpoints',
-              'train.eval_batches', 'train.profile_steps', 'eval.position_buckets', 'eval.batches'):
-    _positive_int(c, key)
-  m = c.model
-  if m.num_heads % m.num_kv_heads:
-    _fail('model.num_heads', m.num_heads, f'must be a multiple of model.num_kv_heads={m.num_kv_heads}')
-  _validate_mixers(c)
-  if m.head_dim % 2 and (m.rope_full or m.rope_swa):
-    _fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
-  _number(c, 'model.init_std', positive=True)
-  _number(c, 'model.norm_eps', positive=True)
-  _number(c, 'seed', integer=True, nonnegative=True)
-  if _number(c, 'model.rope_base') <= 1:
-    _fail('model.rope_base', m.rope_base, 'must be > 1')
-  for key in ('model.embedding_multiplier', 'model.residual_multiplier', 'model.logits_scaling'):
-    _number(c, key, positive=True)  # 1 = the plain block.
-  _nonneg_number(c, 'model.attention_scale')  # 0 = head_dim**-0.5.
-  _choice(c, 'model.dtype', DTYPES)
-  _choice(c, 'model.param_dtype', DTYPES)
-  _choice(c, 'model.remat', REMAT_POLICIES)
-  _choice(c, 'model.attention_implementation', ATTENTION_IMPLEMENTATIONS)
-  if not isinstance(m.attention_sinks, bool):
-    _fail('model.attention_sinks', m.attention_sinks, 'must be True or False')
-  if m.attention_sinks and m.attention_implementation not in ('auto', 'xla'):
-    _fail('model.attention_implementation', m.attention_implementation,
-          "learned attention sinks (model.attention_sinks) need 'auto' or 'xla' (only the XLA path returns the "
-          'row log-sum-exp they scale by)')
-
-  d = c.data
-  _choice(c, 'data.source', SOURCES)
-  if d.source in ('files', 'parquet') and not d.paths:
-    _fail('data.paths', d.paths, f"must name files, directories or globs when data.source={d.source!r}")
-  if d.source == 'pretokenized' and not d.paths:
-    _fail('data.paths', d.paths, "must name a directory written by `pretokenize` when data.source='pretokenized'")
-  if d.source == 'tfds' and not d.tfds_name:
-    _fail('data.tfds_name', d.tfds_name, "must name a TFDS dataset when data.source='tfds'")
-  if d.source == 'recall':
-    recall.settings(d)
-  else:  # Checked all the same: a bad value is a typo waiting for data.source=recall.
-    recall.check_fields(d.recall)
-  _number(c, 'data.worker_count', integer=True, nonnegative=True)  # 0 = in the main process.
-  _nonneg_number(c, 'data.long_short_ratio')
-  _nonneg_number(c, 'data.long_doc_min_tokens')
-  if not 0 < _number(c, 'data.eval_fraction') < 1:
-    _fail('data.eval_fraction', d.eval_fraction, 'must be strictly between 0 and 1')
-
-  t = c.train
-  if t.batch_size % t.grad_accum:
-    _fail('train.batch_size', t.batch_size, f'must be divisible by train.grad_accum={t.grad_accum}')
-  _number(c, 'train.lr', positive=True)
-  _choice(c, 'train.schedule', SCHEDULES)
-  _nonneg_number(c, 'train.warmup_steps')
-  if t.warmup_steps >= t.steps:
-    _fail('train.warmup_steps', t.warmup_steps, f'must be smaller than train.steps={t.steps}')
-  _number(c, 'train.decay_fraction', low=0, high=1)
-  _number(c, 'train.min_lr_ratio', low=0, high=1)
-  for key in ('train.b1', 'train.b2'):
-    if _number(c, key, low=0) >= 1:
-      _fail(key, _get(c, key), 'must be in [0, 1)')
-  for key in ('train.weight_decay', 'train.grad_clip', 'train.z_loss', 'train.eval_every', 'train.eps',
-              'train.peak_tflops'):
-    _nonneg_number(c, key)
-  for key in ('train.retrieval_probe_every', 'train.retrieval_probe_length', 'train.loss_chunk', 'train.profile_start'):
-    _number(c, key, integer=True, nonnegative=True)  # 0 = off / data.seq_len / whole sequence.
-  _positive_int(c, 'train.retrieval_probe_samples')
-  if not isinstance(_get(c, 'train.init_from'), str):
-    _fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")
-  documents = c.eval.documents
-  if isinstance(documents, bool) or not isinstance(documents, int) or documents < 0 or documents == 1:
-    _fail('eval.documents', documents, 'must be 0 (off) or an integer >= 2 (a standard error needs two documents)')
-  if c.eval.position_buckets > c.data.seq_len:
-    _fail('eval.position_buckets', c.eval.position_buckets, f'must be <= data.seq_len={c.data.seq_len}')
-  _validate_parallel(c)
+  keys.number(c, 'seed', integer=True, nonnegative=True)
+  model_validation.validate(c)
+  data_validation.validate(c)
+  _validate_train(c)
+  _validate_eval(c)
+  parallel_validation.validate(c)
   return c
 
 
-def _validate_parallel(c):
-  """The mesh sizes and the logical-axis rules (names, mesh axes, batch divisibility) of config.parallel."""
-  from hybrid_jax.parallel import rules as rules_lib  # Imports no jax at module level.
-  p = c.parallel
-  for prefix in ('', 'dcn_'):
-    free = []
-    for axis in rules_lib.MESH_AXES:
-      key = f'parallel.{prefix}{axis}'
-      value = _get(c, key)
-      if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and value != -1):
-        _fail(key, value, 'must be a positive integer or -1 (the devices the other axes leave)')
-      free += [key] if value == -1 else []
-    if len(free) > 1:
-      _fail(free[1], -1, f'only one of {", ".join(free)} may be -1')
-  try:
-    rules = rules_lib.parse_rules(p.rules)
-    rules_lib.check_rules(rules)
-  except rules_lib.ShardingRuleError as e:
-    raise ConfigError(str(e)) from None
-  fixed = 1
-  for axis in rules.get('batch', ()):
-    fixed *= max(p[axis], 1) * max(p[f'dcn_{axis}'], 1)
-  if c.train.batch_size % fixed:
-    _fail('train.batch_size', c.train.batch_size, f'must be divisible by the batch split of the mesh '
-          f'({"*".join(rules["batch"])} = {fixed} at least)')
-  d = p.distributed
-  _choice(c, 'parallel.distributed.initialize', ('auto', 'always', 'never'))
-  _choice(c, 'parallel.distributed.cpu_collectives', ('gloo', 'mpi', 'none'))
-  for key in ('initialization_timeout_s', 'heartbeat_timeout_s', 'barrier_timeout_s'):
-    _positive_int(c, f'parallel.distributed.{key}')
-  _number(c, 'parallel.distributed.num_processes', integer=True, nonnegative=True)  # 0 = from the environment.
-  _number(c, 'parallel.distributed.process_id', integer=True, low=-1)  # -1 = from the environment.
-  if d.coordinator_address and ':' not in d.coordinator_address:
-    _fail('parallel.distributed.coordinator_address', d.coordinator_address, 'must be host:port')
+def _validate_train(c):
+  for key in ('steps', 'batch_size', 'grad_accum', 'log_every', 'checkpoint_every', 'keep_checkpoints',
+              'eval_batches', 'profile_steps', 'retrieval_probe_samples'):
+    keys.positive_int(c, f'train.{key}')
+  t = c.train
+  if t.batch_size % t.grad_accum:
+    keys.fail('train.batch_size', t.batch_size, f'must be divisible by train.grad_accum={t.grad_accum}')
+  keys.number(c, 'train.lr', positive=True)
+  keys.choice(c, 'train.schedule', SCHEDULES)
+  keys.nonnegative(c, 'train.warmup_steps')
+  if t.warmup_steps >= t.steps:
+    keys.fail('train.warmup_steps', t.warmup_steps, f'must be smaller than train.steps={t.steps}')
+  keys.number(c, 'train.decay_fraction', low=0, high=1)
+  keys.number(c, 'train.min_lr_ratio', low=0, high=1)
+  for key in ('train.b1', 'train.b2'):
+    if keys.number(c, key, low=0) >= 1:
+      keys.fail(key, keys.value(c, key), 'must be in [0, 1)')
+  for key in ('weight_decay', 'grad_clip', 'z_loss', 'eval_every', 'eps', 'peak_tflops'):
+    keys.nonnegative(c, f'train.{key}')
+  for key in ('retrieval_probe_every', 'retrieval_probe_length', 'loss_chunk', 'profile_start'):
+    keys.number(c, f'train.{key}', integer=True, nonnegative=True)  # 0 = off / data.seq_len / whole sequence.
+  if not isinstance(keys.value(c, 'train.init_from'), str):
+    keys.fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")
+
+
+def _validate_eval(c):
+  for key in ('position_buckets', 'batches'):
+    keys.positive_int(c, f'eval.{key}')
+  documents = c.eval.documents
+  if isinstance(documents, bool) or not isinstance(documents, int) or documents < 0 or documents == 1:
+    keys.fail('eval.documents', documents, 'must be 0 (off) or an integer >= 2 (a standard error needs two documents)')
+  if c.eval.position_buckets > c.data.seq_len:
+    keys.fail('eval.position_buckets', c.eval.position_buckets, f'must be <= data.seq_len={c.data.seq_len}')

@@ -122,6 +122,17 @@ def test_rule_conflicts_and_unknown_axes_are_config_errors():
     validate(c)
 
 
+def test_heads_the_tensor_axis_does_not_divide_are_named_once_with_both_numbers():
+  """2 KV heads over a tensor axis of 4 stay whole on every tensor shard: the run goes on (correct) and one warning
+  names the dimension, both numbers and the fix; a mesh that divides everything says nothing."""
+  rules = rules_lib.parse_rules(small_config().parallel.rules)
+  model_def = state_lib.make_model_def(small_config(vocab_size=256, num_heads=8, num_kv_heads=2).model)
+  warning = mesh_lib.unsplit_warning(model_def, rules, {'data': 1, 'fsdp': 1, 'tensor': 4})
+  assert 'kv_heads (2 % 4 != 0): 4 tensors' in warning and 'num_kv_heads' in warning  # wk, wv of 2 layers.
+  assert 'heads (8 % 4' not in warning  # Query heads divide.
+  assert mesh_lib.unsplit_warning(model_def, rules, {'data': 1, 'fsdp': 1, 'tensor': 2}) is None
+
+
 def test_layouts_follow_the_rules_and_the_report_flags_replicated_tensors():
   c = small_config(scan_layers=True, num_layers=4)
   model_def = state_lib.make_model_def(c.model)

@@ -203,6 +203,30 @@ def check_batch(train_cfg, mesh_shape_: dict, rules: dict) -> None:
                     '(config.parallel.data / fsdp)')
 
 
+def unsplit_warning(model_def, rules: dict, mesh_shape_: dict) -> str | None:
+  """One line when a rule asks to split a parameter dimension the mesh does not divide (e.g. 2 KV heads over a
+  tensor axis of 4): those tensors stay whole on every device of that axis, which is correct but costs memory and
+  time, so the run goes on and says so once; None when every requested split happens."""
+  notes, tensors, extra = {}, 0, 0
+  devices = math.prod(mesh_shape_.values())
+  for p in param_layouts(model_def, rules, mesh_shape_):
+    asked = [note for note in p.layout.unsplit if '%' in note]  # Not the 'no rule' notes: nothing asked there.
+    if asked:
+      tensors += 1
+      extra += math.prod(p.shape)
+      for note in asked:
+        notes.setdefault(note, 0)
+        notes[note] += 1
+  if not notes:
+    return None
+  listed = '; '.join(f'{note}: {count} tensor{"s" * (count > 1)}' for note, count in notes.items())
+  return (f'{tensors} parameter tensors ({extra:,} elements) are not split where config.parallel.rules asks, '
+          f'because the mesh {dict(mesh_shape_)} ({devices} devices) does not divide them: {listed}. They are '
+          'kept whole on those devices (correct, but more memory per device); to split them, make the dimension a '
+          'multiple of the mesh axes (e.g. model.num_heads / num_kv_heads) or use fewer tensor / fsdp ways '
+          '(`python -m hybrid_jax shardings` lists every tensor)')
+
+
 def sharding_report(model_def, rules: dict, mesh_shape_: dict) -> tuple[list[dict], str]:
   """(rows, text): every parameter's sharding and per-device size; flags tensors left (partly) replicated.
 

@@ -159,6 +159,9 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   mesh = mesh_lib.make_mesh(config.parallel)
   mesh_lib.check_batch(t, dict(mesh.shape), rules_lib.parse_rules(config.parallel.rules))
   model_def = state_lib.make_model_def(config.model)
+  unsplit = mesh_lib.unsplit_warning(model_def, rules_lib.parse_rules(config.parallel.rules), dict(mesh.shape))
+  if unsplit and lead:
+    logging.warning('%s', unsplit)
   tx = optim.make_optimizer(t)
   shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules),
                                        bool(config.parallel.shard_optimizer))
