@@ -166,3 +166,29 @@ def test_a_config_json_this_project_did_not_write_is_refused_not_overwritten(sma
     training.train(small, tmp_path)
   assert why in str(error.value) and str(path) in str(error.value) and '\n' not in str(error.value)
   assert path.read_bytes() == before and not (tmp_path / 'checkpoints').exists()
+
+
+@pytest.mark.parametrize('entries', [['notes.txt'], ['report.json', 'data/'], ['checkpoints/', 'a', 'b', 'c', 'd']])
+def test_a_fresh_run_refuses_a_directory_holding_files_it_did_not_write(small, tmp_path, entries):
+  """A directory without a run (no config.json, no checkpoint) may hold only what comes before a run (the lease,
+  the sweep runner's record and log); anything else is named and left as it was."""
+  for name in entries:
+    path = tmp_path / name.rstrip('/')
+    path.mkdir() if name.endswith('/') else path.write_text('mine')
+  before = sorted(p.name for p in tmp_path.iterdir())
+  with pytest.raises(runs.RunError) as error:
+    training.train(small, tmp_path)
+  message = str(error.value)
+  assert 'not a run of this project' in message and repr(sorted(before)[0]) in message and '\n' not in message
+  assert sorted(p.name for p in tmp_path.iterdir() if p.name != 'lock.json') == before
+  assert not (tmp_path / 'config.json').exists()
+
+
+def test_what_comes_before_a_run_does_not_stop_it(small, tmp_path):
+  from hybrid_jax.sweep import record  # pylint: disable=g-import-not-at-top
+  assert {record.RECORD, record.LOG} <= set(session_lib.BEFORE_THE_RUN)
+  record.update(tmp_path, state='running')
+  (tmp_path / record.LOG).write_text('attempt 1\n')
+  small.train.steps = 4
+  training.train(small, tmp_path)
+  assert runs.checkpoint_steps(tmp_path) == [4]

@@ -23,6 +23,11 @@ from hybrid_jax.train import config_history, workdir_lock
 REFUSALS = (workdir_lock.WorkdirBusy, config_history.ConfigChangeRefused, workdir_lock.WorkdirLost)
 
 
+# What may be in a run directory before its first session writes config.json: the lease, and the sweep runner's
+# record and log of the run (hybrid_jax.sweep.record), with the temporary files they are written through. Anything
+# else there belongs to someone else: a fresh run refuses the directory rather than write beside it.
+BEFORE_THE_RUN = (workdir_lock.LEASE_FILE, 'sweep.json', 'sweep.log')
+
 _OPENED = itertools.count()  # Sessions opened by this process: each decision has its own key in multi-process runs.
 
 
@@ -42,7 +47,10 @@ class Session:
     self.lock = workdir_lock.WorkdirLock(self.workdir).acquire()
     try:
       _check_config_file(self.lock.workdir / 'config.json')
-      if runs.checkpoint_steps(self.workdir) and (self.lock.workdir / 'config.json').exists():
+      has_checkpoints = bool(runs.checkpoint_steps(self.workdir))
+      if not has_checkpoints and not (self.lock.workdir / 'config.json').exists():
+        _check_fresh_workdir(self.lock.workdir)
+      if has_checkpoints and (self.lock.workdir / 'config.json').exists():
         run = config_history.flatten(runs.load_config(self.workdir))  # Its latest config, changes applied.
         self.allowed = config_history.check_resume(self.workdir, run, config_history.flatten(self.config))
     except BaseException:
@@ -107,3 +115,15 @@ def _check_config_file(path) -> None:
   except DataError as e:
     raise runs.RunError(f'{e}; not a run config: move it away or choose another --workdir, training would write its '
                         'own config.json there') from None
+
+
+def _check_fresh_workdir(workdir) -> None:
+  """RunError naming what is there when a directory without a run holds files this project did not put there:
+  a new run would write its config, metrics, report and checkpoints beside (or over) them."""
+  foreign = sorted(entry.name for entry in workdir.iterdir()
+                   if entry.name not in BEFORE_THE_RUN and not entry.name.endswith('.partial'))
+  if foreign:
+    shown = ', '.join(repr(name) for name in foreign[:3]) + (f' and {len(foreign) - 3} more' if len(foreign) > 3 else '')
+    raise runs.RunError(f'--workdir {workdir} holds files that are not a run of this project ({shown}): a new run '
+                        'would write its config.json, metrics, report and checkpoints among them; choose a new or '
+                        'empty directory (or move those files away)')
