@@ -1,6 +1,7 @@
 """The workdir lease: who counts as alive, refusal naming the holder, takeover of dead or stale holders, renewal,
 loss of the lease, and release; on a local path and with the object-store protocol."""
 
+import errno
 import json
 import logging
 import os
@@ -81,6 +82,31 @@ def test_a_holder_elsewhere_counts_as_alive_until_its_lease_goes_stale(tmp_path,
   lock = workdir_lock.WorkdirLock(tmp_path, local=local, clock=lambda: 1121.0).acquire(renew_in_background=False)
   assert lock.taken_over['token'] == 'theirs' and 'stale after 120 s' in lock.taken_over['why']
   assert workdir_lock.read_lease(tmp_path)['token'] == lock.token
+  lock.release()
+
+
+def test_a_lease_that_cannot_be_renewed_for_half_its_timeout_stops_the_holder(tmp_path, monkeypatch):
+  """Renewals failing on a full disk are retried; once they have failed for half the timeout, check() stops the
+  run with one line naming the lease file and the cause; one renewal that succeeds clears it."""
+  now = [1000.0]
+  lock = workdir_lock.WorkdirLock(tmp_path, timeout_s=60, clock=lambda: now[0]).acquire(renew_in_background=False)
+  renew = lock.renew
+
+  def full(*_):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  monkeypatch.setattr(lock, 'renew', full)
+  lock.try_renew()
+  now[0] = 1029.0
+  lock.try_renew()
+  lock.check()  # 29 s of failures: retried, not yet a stop.
+  now[0] = 1030.0
+  with pytest.raises(workdir_lock.WorkdirLost) as error:
+    lock.check()
+  message = str(error.value)
+  assert str(tmp_path / 'lock.json') in message and 'No space left on device' in message and 'for 30 s' in message
+  monkeypatch.setattr(lock, 'renew', renew)
+  lock.try_renew()
+  lock.check()  # Renewed again: the run goes on.
   lock.release()
 
 

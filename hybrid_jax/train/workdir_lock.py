@@ -213,6 +213,7 @@ class WorkdirLock:
     self.token = uuid.uuid4().hex
     self.taken_over = None  # The dead holder's lease, when this lock replaced one.
     self._lost = None
+    self._failing = None  # (time of the first failed renewal in a row, its error) while renewals fail.
     self._stop = threading.Event()
     self._thread = None
     self._started = None
@@ -272,15 +273,30 @@ class WorkdirLock:
 
   def _renew_loop(self):
     while not self._stop.wait(self.renew_every_s):
-      try:
-        self.renew()
-      except OSError as e:  # A transient storage error: keep trying; the timeout leaves room for several misses.
-        logging.warning('could not renew the lease on %s: %s', self.workdir, e)
+      self.try_renew()
       if self._lost is not None:
         return
 
+  def try_renew(self) -> None:
+    """renew(), noting a storage error instead of raising it: a transient one is retried at the next renewal (the
+    timeout leaves room for several misses); check() stops the run once they have lasted half the timeout."""
+    try:
+      self.renew()
+      self._failing = None
+    except OSError as e:
+      logging.warning('could not renew the lease on %s: %s', self.workdir, e)
+      if self._failing is None:
+        self._failing = (self.clock(), e)
+
   def check(self) -> None:
-    """Raises WorkdirLost when another trainer has taken the workdir over (before this one writes more)."""
+    """Raises WorkdirLost when another trainer has taken the workdir over, or when the lease has not been renewed
+    for half its timeout because its file cannot be written (a full disk, a read-only mount): another trainer
+    could take the run over soon, so this one stops before it writes more."""
+    failing = self._failing
+    if failing is not None and self.clock() - failing[0] >= self.timeout_s / 2:
+      raise WorkdirLost(f'cannot renew the lease {self.workdir / LEASE_FILE} for {self.clock() - failing[0]:.0f} s: '
+                        f'{failing[1]}; stopping before another trainer may take the run over (free space or fix '
+                        'the directory, then run the same command to resume from the newest checkpoint)')
     if self._lost is not None:
       who = describe(self._lost) if 'pid' in self._lost else 'someone'
       raise WorkdirLost(f'{self.workdir} was taken over by {who}: this trainer\'s lease went unrenewed for over '
