@@ -114,7 +114,8 @@ KINDS = {
         jsonl_docs=b'{"text": "a"}\n{"other": 1}\n'),
         {'json': ["missing key(s) 'text'"], 'json_list': ["item 1: missing key(s) 'text'"],
          'jsonl': [":2: missing field(s) ['text']"], 'jsonl_docs': [":2: missing field(s) ['text']"]}, keys=True,
-        cli={'jsonl_docs': [":2: missing field(s) ['text']"], '*': ['missing key(s)']}),
+        cli={'jsonl_docs': [":2: missing field(s) ['text']"], 'jsonl': [":2: missing field(s) ['text']"],
+             '*': ['missing key(s)']}),
     'missing column': Kind({'table'}, lambda fmt, suffix, tmp_path: _table('other\tn\na\t1\n', suffix),
                            {'*': ["no column(s) 'text'"]}, keys=True),
     'wrong field count': Kind({'table'}, lambda fmt, suffix, tmp_path: _table('text\tn\na\t1\nb\n', suffix),
@@ -237,6 +238,7 @@ def test_analysis_longppl_documents_name_the_bad_line(tmp_path):
 TRAIN = ['train', f'--config={BASE}', '--workdir={tmp}/run', '--config.train.steps=4',
          *[f'--config.{section}.{key}={value}' for section, values in SMALL.items() for key, value in values.items()]]
 HF_IMPORT = ['hf', 'import', '{dir}', '--workdir', '{tmp}/imported']
+EVAL = ['eval', '--workdir', '{run}', '--samples', '1', '--no-progress', '--out', '{tmp}/eval', '--tasks']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +278,14 @@ COMMANDS = {
     'train (data.paths .txt.gz)': Command([*TRAIN, '--config.data.source=files', '--config.data.paths={file}'],
                                           'doc.txt.gz', 'text_docs'),
     'build-tfds': Command(['build-tfds', '{file}', '{tmp}/tfds'], 'docs.jsonl.gz', 'jsonl_docs', keys=True),
+    # The evaluations' own files, read once the run is loaded ({run}: the session's tiny trained run).
+    'eval --squad': Command([*EVAL, 'ruler:qa_1', '--squad', '{file}'], 'squad.json', 'json'),
+    'eval --hotpotqa': Command([*EVAL, 'ruler:qa_2', '--hotpotqa', '{file}'], 'hotpot.json', 'json_list'),
+    # LongBench records need their own fields, so only the kinds that fail on line 1 apply.
+    'eval --longbench-dir': Command([*EVAL, 'longbench:narrativeqa', '--longbench-dir', '{dir}'], 'narrativeqa.jsonl',
+                                    'jsonl', skip=('directory', 'not UTF-8', 'invalid JSON', 'wrong top-level type')),
+    'eval --longppl-data': Command([*EVAL, 'longppl', '--longppl-data', '{file}', '--longppl-evaluator', 'self'],
+                                   'docs.jsonl', 'jsonl', keys=True),
 }
 COMMAND_CASES = [(command, kind) for command, c in COMMANDS.items() for kind in kinds_for(c.fmt, c.name, c.keys, c.skip)]
 _CHECKED_BEFORE_READING = ('missing', 'directory')  # Refused by a flag's check or a folder walk, in their words.
@@ -287,8 +297,9 @@ def test_the_commands_meet_every_kind_of_their_formats():
 
 
 @pytest.mark.parametrize('command, kind', COMMAND_CASES)
-def test_each_command_refuses_each_malformed_file_in_one_line(command, kind, tmp_path, capsys):
+def test_each_command_refuses_each_malformed_file_in_one_line(command, kind, tmp_path, capsys, request):
   c = COMMANDS[command]
+  run = request.getfixturevalue('tiny_run') if '{run}' in c.argv else None
   folder = tmp_path / 'input'
   if c.fixture:
     shutil.copytree(c.fixture, folder)
@@ -298,7 +309,7 @@ def test_each_command_refuses_each_malformed_file_in_one_line(command, kind, tmp
   if path.exists():
     path.unlink()
   fragments = make(path, c.fmt, kind, tmp_path, cli=True)
-  argv = [a.format(file=path, dir=folder, tmp=tmp_path) for a in c.argv]
+  argv = [a.format(file=path, dir=folder, tmp=tmp_path, run=run) for a in c.argv]
   with parsers_seen():
     status, err = run_main(argv, capsys)
   assert 'Traceback' not in err, (command, kind, err)

@@ -97,7 +97,7 @@ def test_any_token_counter(essay):
 def test_errors(qa_paths, tmp_path):
   with pytest.raises(ValueError, match='unknown RULER task'):
     ruler.generate('niah_single_9', 4096, 1)
-  with pytest.raises(FileNotFoundError, match='squad_path'):
+  with pytest.raises(FileNotFoundError, match='--squad'):
     ruler.generate('qa_1', 4096, 1)
   with pytest.raises(FileNotFoundError, match='does not exist'):
     ruler.generate('qa_2', 4096, 1, hotpotqa_path=str(tmp_path / 'missing.json'))

@@ -24,7 +24,7 @@ def _read_json(path: str | None, what: str, option: str, expect):
 @functools.cache
 def read_squad(path: str) -> tuple[list[str], list[dict]]:
   """(documents, questions): documents de-duplicated and sorted; each question knows its gold and same-article docs."""
-  data = _read_json(path, 'SQuAD (qa_1)', 'squad_path', dict)
+  data = _read_json(path, 'SQuAD (qa_1)', '--squad', dict)
   try:
     articles = data['data']
     docs = sorted({p['context'] for a in articles for p in a['paragraphs']})
@@ -40,14 +40,14 @@ def read_squad(path: str) -> tuple[list[str], list[dict]]:
           qas.append({'query': q['question'], 'outputs': [a['text'] for a in q['answers']], 'gold': [gold],
                       'more': sorted(set(same) - {gold})})
   except (KeyError, TypeError) as e:
-    raise DataError(f'squad_path={path!r} is not in SQuAD format ({type(e).__name__}: {e})') from None
+    raise DataError(f'--squad={path!r} is not in SQuAD format ({type(e).__name__}: {e})') from None
   return docs, qas
 
 
 @functools.cache
 def read_hotpotqa(path: str) -> tuple[list[str], list[dict]]:
   """(documents, questions): a document is `title\\n` + its sentences joined; gold = supporting-fact paragraphs."""
-  data = _read_json(path, 'HotpotQA (qa_2)', 'hotpotqa_path', list)
+  data = _read_json(path, 'HotpotQA (qa_2)', '--hotpotqa', list)
   try:
     doc = lambda title, sentences: f'{title}\n{"".join(sentences)}'
     docs = sorted({doc(t, s) for item in data for t, s in item['context']})
@@ -60,7 +60,7 @@ def read_hotpotqa(path: str) -> tuple[list[str], list[dict]]:
       qas.append({'query': item['question'], 'outputs': [item['answer']], 'gold': gold,
                   'more': [i for _, i in own if i not in gold]})
   except (KeyError, TypeError, ValueError) as e:
-    raise DataError(f'hotpotqa_path={path!r} is not in HotpotQA format ({type(e).__name__}: {e})') from None
+    raise DataError(f'--hotpotqa={path!r} is not in HotpotQA format ({type(e).__name__}: {e})') from None
   return docs, qas
 
 
