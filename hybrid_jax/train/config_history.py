@@ -22,6 +22,7 @@ from etils import epath
 
 from hybrid_jax import readers
 from hybrid_jax.config import ConfigError
+from hybrid_jax.models.mixers import registry
 
 IDENTITY, TRAINING, OPERATIONAL = 'identity', 'training', 'operational'
 HISTORY_FILE = 'config_history.json'
@@ -36,7 +37,8 @@ KEY_CLASSES = {
     # Parameter shapes.
     'model.vocab_size': IDENTITY, 'model.d_model': IDENTITY, 'model.num_layers': IDENTITY,
     'model.num_heads': IDENTITY, 'model.num_kv_heads': IDENTITY, 'model.head_dim': IDENTITY, 'model.d_ff': IDENTITY,
-    'model.lightning.*': IDENTITY, 'model.mamba2.*': IDENTITY, 'model.gdn.*': IDENTITY,
+    # Every mixer's own section (model.lightning, model.gdn, ...: the mixer registry's) is IDENTITY: key_class.
+    'model.mixer_modules': IDENTITY,  # Where the model's mixer kinds come from.
     'model.param_dtype': IDENTITY,  # The stored parameters' dtype.
     'model.scan_layers': IDENTITY,  # The parameter tree's layout (stacked per cycle repeat).
     # The model's function.
@@ -76,10 +78,13 @@ class ConfigChangeRefused(ConfigError):
 
 
 def key_class(key: str) -> str | None:
-  """The class of dotted `key`: its own entry, else the nearest enclosing 'section.*'; None if unclassified."""
+  """The class of dotted `key`: its own entry, a mixer's section key (IDENTITY), else the nearest enclosing
+  'section.*'; None if unclassified."""
   if key in KEY_CLASSES:
     return KEY_CLASSES[key]
   parts = key.split('.')
+  if len(parts) == 3 and parts[0] == 'model' and parts[1] in {k.section for k in registry.kinds() if k.section}:
+    return IDENTITY  # A mixer's shape or function.
   for n in range(len(parts) - 1, 0, -1):
     found = KEY_CLASSES.get('.'.join(parts[:n]) + '.*')
     if found:
