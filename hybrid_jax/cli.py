@@ -12,7 +12,8 @@ import pathlib
 import sys
 
 from hybrid_jax import checks, command_line, host_memory
-from hybrid_jax.config import BASE_CONFIG, apply_overrides, load_config_file, load_run, resolve_spec, validate
+from hybrid_jax.config import (BASE_CONFIG, apply_overrides, load_config_file, load_run, load_sweep, resolve_spec,
+                               validate)
 
 DEFAULT_CONFIG = 'hybrid:arch=swa128_nope,scale=tiny'  # The packaged study grid (hybrid_jax/configs/hybrid.py).
 OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --config.train.steps=100 '
@@ -22,7 +23,7 @@ OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --
 
 def _workdir(args, config) -> pathlib.Path:
   """The run directory: a folder that exists or can be made, checked before anything is built."""
-  from hybrid_jax import runs
+  from hybrid_jax.train import runs
   workdir = runs.local_workdir(args.workdir or pathlib.Path('runs') / config.name)
   return checks.path(workdir, '--workdir', kind='dir', exists=False, writable=True)
 
@@ -75,9 +76,8 @@ def _compile_configs(args, config):
   """--config, or the distinct compiled steps of --sweep (runs that differ only in length compile the same)."""
   if not args.sweep:
     return [config]
-  from hybrid_jax.study import plan
   seen, out = set(), []
-  for run in plan.sweep_runs(args.sweep):
+  for run in load_sweep(args.sweep):
     c = load_run(run)[2]
     key = json.dumps([c.model.to_dict(), c.data.seq_len, c.train.batch_size, c.train.grad_accum,
                       c.train.loss_chunk, c.parallel.to_dict()], sort_keys=True, default=str)
@@ -167,12 +167,12 @@ COMMANDS = {'train': (cmd_train, _add_train_flags), 'params': (cmd_params, lambd
             'shardings': (cmd_shardings, _add_shardings_flags),
             'compile-check': (cmd_compile_check, _add_compile_check_flags)}
 # Commands with their own parser and no --config: name -> 'module:function(argv)'.
-RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.data.tfds_local:main',
+RAW_COMMANDS = {'bench': 'hybrid_jax.bench:main', 'build-tfds': 'hybrid_jax.commands.build_tfds:main',
                 'fit': 'hybrid_jax.analysis.scaling_law:main', 'eval': 'hybrid_jax.eval.cli:main',
                 'analyze': 'hybrid_jax.analysis.cli:main',
                 'plan': 'hybrid_jax.study.plan:main', 'collect': 'hybrid_jax.study.collect:main',
-                'study': 'hybrid_jax.study.mini:main', 'hf': 'hybrid_jax.hf.cli:main',
-                'pretokenize': 'hybrid_jax.data.pretokenized:main', 'sweep': 'hybrid_jax.sweep.cli:main'}
+                'study': 'hybrid_jax.commands.study:main', 'hf': 'hybrid_jax.hf.cli:main',
+                'pretokenize': 'hybrid_jax.commands.pretokenize:main', 'sweep': 'hybrid_jax.sweep.cli:main'}
 RAW_SUMMARIES = {'bench': 'time kernels, decoding and the sharded train step (attention, scan, decode, step)',
                  'build-tfds': 'write text files as a local TFDS dataset (data.source=tfds)',
                  'fit': 'fit a scaling law to study points and plot it',

@@ -144,6 +144,19 @@ def packaged_module(name: str, kind: str = 'config'):
   return load_python_file(CONFIG_DIR / f'{name}.py', kind)
 
 
+def load_sweep(spec: str) -> list[str]:
+  """The run strings of a sweep `FILE[:NAME]`: FILE's `runs(NAME)` (NAME None when absent)."""
+  path, _, name = spec.partition(':')
+  module = load_python_file(resolve_path(path), 'sweep')
+  runs = list(call_file_function(module, 'runs', name or None, f'sweep file {path!r}', (list, tuple),
+                                 'a non-empty list of config strings'))
+  odd = next((r for r in runs if not isinstance(r, str)), None)
+  if not runs or odd is not None:
+    what = 'an empty list' if not runs else f'{type(odd).__name__} {odd!r} among its runs'
+    raise ConfigError(f'sweep {spec!r}: runs({name!r}) returned {what}; expected a non-empty list of config strings')
+  return runs
+
+
 def load_run(run: str):
   """(config spec, overrides, validated config) of one run string."""
   try:

@@ -69,7 +69,7 @@ SAMPLE_TEXT = 'def add(a, b):\n    return a + b\n'
 
 def reload_reference(workdir, out, *, arch='auto', max_shard_size=None, length=100, new_tokens=8):
   """Exports the run in `workdir` to `out` and writes hybrid_jax's logits and greedy tokens beside it."""
-  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
   from hybrid_jax.eval.generate import Generator  # pylint: disable=g-import-not-at-top
   summary = io.export_run(workdir, out, arch=arch, max_shard_size=max_shard_size)
   run = runs.load_run(workdir, model_overrides={'dtype': 'float32'})

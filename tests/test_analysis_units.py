@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.analysis import forward as forward_lib
-from hybrid_jax.analysis.windowed import Restriction
+from hybrid_jax.inspection import forward as forward_lib
+from hybrid_jax.inspection.windowed import Restriction
 from hybrid_jax.train import state as state_lib
 from tests.conftest import small_config
 from tests.test_model import _random_sinks
@@ -115,7 +115,7 @@ def test_longppl_under_restriction_matches_a_direct_computation(tiny_run, tmp_pa
   unrestricted model's once the window is shorter than the document."""
   import json
   import math
-  from hybrid_jax import runs
+  from hybrid_jax.train import runs
   from hybrid_jax.analysis import restriction as restriction_lib
   from hybrid_jax.eval import longppl as longppl_lib
   run = runs.load_run(tiny_run)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hybrid_jax import runs
+from hybrid_jax.train import runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file
 from hybrid_jax.train import config_history, report
 from tests.conftest import small_config

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from hybrid_jax import command_line
+from hybrid_jax.commands import build_tfds as build_tfds_command
 from hybrid_jax.config import ConfigError, load_config_file
-from hybrid_jax.data import pipeline, sources, tfds_local, tokenizers
+from hybrid_jax.data import catalog, pipeline, sources, tfds_local, tokenizers
 
 BASE_CONFIG = pathlib.Path(__file__).parents[1] / 'configs' / 'base.py'
 EOS = 256
@@ -134,7 +135,7 @@ def test_sentencepiece_errors(tmp_path):
 
 def test_builtin_source():
   cfg = make_config().data
-  train, held_out = sources.make_source(cfg, 'train'), sources.make_source(cfg, 'eval')
+  train, held_out = catalog.make_source(cfg, 'train'), catalog.make_source(cfg, 'eval')
   assert len(train) > 100 and len(held_out) > 0
   assert not set(train.paths) & set(held_out.paths)
   assert 0.005 < len(held_out) / (len(train) + len(held_out)) < 0.05  # eval_fraction = 0.02
@@ -142,8 +143,8 @@ def test_builtin_source():
   assert all(isinstance(t, str) and t.strip() for t in texts)
   assert any('def ' in t or 'import ' in t for t in texts)
   assert not any(p.startswith(('site-packages/', 'dist-packages/')) for p in train.paths)
-  assert repr(sources.make_source(cfg, 'train')) == repr(train)
-  assert sources.make_source(cfg, 'train').paths == train.paths
+  assert repr(catalog.make_source(cfg, 'train')) == repr(train)
+  assert catalog.make_source(cfg, 'train').paths == train.paths
 
 
 def _write_mixed_files(root):
@@ -171,7 +172,7 @@ def _write_docs(root, contents):
 
 
 def _texts_of_both_splits(data_cfg):
-  return [s[i] for s in (sources.make_source(data_cfg, 'train'), sources.make_source(data_cfg, 'eval'))
+  return [s[i] for s in (catalog.make_source(data_cfg, 'train'), catalog.make_source(data_cfg, 'eval'))
           for i in range(len(s))]
 
 
@@ -184,7 +185,7 @@ def test_undecodable_documents_are_counted_and_reported_once_per_source(tmp_path
       **LATIN1, 'lines.jsonl': b'{"text": "ok"}\n{"text": "bad \xff byte"}\n{"text": "also \xfe bad"}\n'})
   cfg = make_config(source='files', paths=str(root), eval_fraction=0.5).data
   with caplog.at_level(logging.WARNING):
-    train, held_out = sources.make_source(cfg, 'train'), sources.make_source(cfg, 'eval')
+    train, held_out = catalog.make_source(cfg, 'train'), catalog.make_source(cfg, 'eval')
     texts = [train[i] for i in range(len(train))] + [held_out[i] for i in range(len(held_out))]
   assert sorted(texts) == sorted(['fine text', 'caf\ufffd au lait', 'ok', 'bad \ufffd byte', 'also \ufffd bad'])
   assert train.undecodable.identities | held_out.undecodable.identities == {'latin1.txt', 'lines.jsonl:2',
@@ -214,12 +215,12 @@ def test_undecodable_documents_are_counted_and_reported_once_per_source(tmp_path
 def test_files_source(tmp_path):
   _write_mixed_files(tmp_path / 'docs')
   cfg = make_config(source='files', paths=str(tmp_path / 'docs'), eval_fraction=0.3).data
-  train, held_out = sources.make_source(cfg, 'train'), sources.make_source(cfg, 'eval')
+  train, held_out = catalog.make_source(cfg, 'train'), catalog.make_source(cfg, 'eval')
   docs = [train[i] for i in range(len(train))] + [held_out[i] for i in range(len(held_out))]
   assert sorted(docs) == sorted(['plain text document\nwith two lines\n', 'caf\ufffd au lait', 'json one',
                                  'json two \u00e9', 'gzipped json', 'gzipped text'])
   assert len(held_out) >= 1 and len(train) >= 1
-  assert repr(sources.make_source(cfg, 'eval')) == repr(held_out)
+  assert repr(catalog.make_source(cfg, 'eval')) == repr(held_out)
   # Globs and single files name the same documents.
   cfg.paths = f'{tmp_path}/docs/*.txt, {tmp_path}/docs/b.jsonl'
   files = sources.resolve_paths(cfg.paths)
@@ -229,24 +230,24 @@ def test_files_source(tmp_path):
 def test_files_source_errors(tmp_path):
   cfg = make_config(source='files', paths=str(tmp_path / 'nope.jsonl')).data
   with pytest.raises(ConfigError, match='nope.jsonl'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   cfg.paths = str(tmp_path / 'none*.txt')
   with pytest.raises(ConfigError, match='none'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   bad = tmp_path / 'bad.jsonl'
   bad.write_text('{"text": "ok"}\n{"text": oops}\n')
   cfg.paths = str(bad)
   with pytest.raises(sources.DataError, match=r'bad\.jsonl:2: not JSON'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   bad.write_text('{"text": "ok"}\n\n{"body": "no text"}\n')
   with pytest.raises(sources.DataError, match=r"bad\.jsonl:3: missing field\(s\) \['text'\] \(set config\.data"):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   bad.write_text('{"text": 3}\n')
   with pytest.raises(sources.DataError, match=r"bad\.jsonl:1: field 'text' is a int, not a str"):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   bad.write_text('\n  \n')
   with pytest.raises(sources.DataError, match='empty'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
 
 
 def test_hash_split_is_stable_and_disjoint():
@@ -282,7 +283,7 @@ def test_eos_separates_documents(corpus):
   c = make_config(source='files', paths=str(corpus), long_short_ratio=0.0)
   docs = whole_documents(stream_of(take(iter(pipeline.make_train_dataset(c)), 10)))
   assert len(docs) > 10
-  source = sources.make_source(c.data, 'train')
+  source = catalog.make_source(c.data, 'train')
   assert set(docs) <= {source[i] for i in range(len(source))}
 
 
@@ -296,13 +297,13 @@ def test_deterministic_by_seed():
 
 def test_epochs_reshuffle(corpus):
   c = make_config(source='files', paths=str(corpus), long_short_ratio=0.0)
-  n_docs = len(sources.make_source(c.data, 'train'))
+  n_docs = len(catalog.make_source(c.data, 'train'))
   docs = whole_documents(stream_of(take(iter(pipeline.make_train_dataset(c)), 40)))
   assert len(docs) > 2 * n_docs + 2
   epoch1, epoch2 = docs[:n_docs], docs[n_docs:2 * n_docs]  # docs[0] is the first whole document, index 1.
   assert epoch1 != epoch2
   c.data.shuffle = False  # Source order, every epoch.
-  source = sources.make_source(c.data, 'train')
+  source = catalog.make_source(c.data, 'train')
   ordered = whole_documents(stream_of(take(iter(pipeline.make_train_dataset(c)), 40)))
   assert ordered[:2 * n_docs - 1] == (2 * [source[i] for i in range(n_docs)])[1:]
 
@@ -379,7 +380,7 @@ def test_eval_batches(corpus, caplog):
     batches = pipeline.make_eval_batches(small, 5)
   assert len(batches) == 1 and batches[0]['inputs'].shape == (8, 64)
   assert 'eval batches' in caplog.text
-  held_out = sources.make_source(small.data, 'eval')
+  held_out = catalog.make_source(small.data, 'eval')
   assert set(whole_documents(stream_of(batches))) <= {held_out[i] for i in range(len(held_out))}
 
 
@@ -399,9 +400,9 @@ def test_tfds_local_builder_round_trip(tmp_path, corpus):
   c = make_config(source='tfds', tfds_name=name, tfds_data_dir=str(tmp_path / 'tfds'), long_doc_min_tokens=50)
   files_cfg = make_config(source='files', paths=str(corpus), eval_fraction=0.1).data
   for split in ('train', 'eval'):
-    from_tfds, from_files = sources.make_source(c.data, split), sources.make_source(files_cfg, split)
+    from_tfds, from_files = catalog.make_source(c.data, split), catalog.make_source(files_cfg, split)
     assert sorted(from_tfds[i] for i in range(len(from_tfds))) == sorted(from_files[i] for i in range(len(from_files)))
-  assert 'validation' in repr(sources.make_source(c.data, 'eval'))
+  assert 'validation' in repr(catalog.make_source(c.data, 'eval'))
   docs = whole_documents(stream_of(take(iter(pipeline.make_train_dataset(c)), 10)))
   assert docs and all(d[0] in 'LS' for d in docs)
   # Same inputs: reused, same name.
@@ -420,19 +421,19 @@ def test_tfds_build_reports_undecodable_documents_once(tmp_path, caplog):
 
 def test_build_tfds_command_prints_the_flags_that_train_on_it(tmp_path, capsys):
   root = _write_docs(tmp_path / 'docs', {f'{i}.txt': f'document number {i}'.encode() for i in range(3)})
-  assert tfds_local.main([str(root), str(tmp_path / 'tfds')]) == 0
+  assert build_tfds_command.main([str(root), str(tmp_path / 'tfds')]) == 0
   [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith('--config.')]
   flags = dict(f.removeprefix('--config.data.').split('=', 1) for f in line.split())
   c = make_config(**flags)
   assert sorted(_texts_of_both_splits(c.data)) == [f'document number {i}' for i in range(3)]
-  assert command_line.run(tfds_local.main, [str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
+  assert command_line.run(build_tfds_command.main, [str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
   assert 'matches no' in capsys.readouterr().err
 
 
 def test_tfds_missing_dataset(tmp_path):
   c = make_config(source='tfds', tfds_name='hybrid_jax_local_files/nothere', tfds_data_dir=str(tmp_path))
   with pytest.raises(ConfigError, match='nothere'):
-    sources.make_source(c.data, 'train')
+    catalog.make_source(c.data, 'train')
 
 
 @pytest.mark.slow

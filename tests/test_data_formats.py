@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from hybrid_jax import command_line
+from hybrid_jax.commands import pretokenize as pretokenize_command
 from hybrid_jax.config import ConfigError
-from hybrid_jax.data import parquet, pipeline, pretokenized, sources, tokenizers
+from hybrid_jax.data import catalog, parquet, pipeline, pretokenize, pretokenized, sources, tokenizers
 from tests import host_reader
 from tests.test_data import (assert_batches_equal, assert_resumes_exactly, make_config, stream_of, take,
                              whole_documents)
@@ -115,7 +116,7 @@ def write_parquet(root, n_files=3, rows=20, row_group_size=7, column='text'):
 def test_parquet_source_split_and_reads(tmp_path):
   texts = write_parquet(tmp_path / 'pq')
   cfg = make_config(source='parquet', paths=str(tmp_path / 'pq' / '*.parquet'), eval_fraction=0.2).data
-  train, held_out = sources.make_source(cfg, 'train'), sources.make_source(cfg, 'eval')
+  train, held_out = catalog.make_source(cfg, 'train'), catalog.make_source(cfg, 'eval')
   assert isinstance(train, parquet.ParquetSource)
   got_train = [train[i] for i in range(len(train))]
   got_eval = [held_out[i] for i in range(len(held_out))]
@@ -128,28 +129,28 @@ def test_parquet_source_split_and_reads(tmp_path):
   clone = pickle.loads(pickle.dumps(train))
   for i in np.random.default_rng(0).permutation(len(train)):
     assert clone[int(i)] == got_train[int(i)]
-  assert repr(sources.make_source(cfg, 'train')) == repr(train)
+  assert repr(catalog.make_source(cfg, 'train')) == repr(train)
 
 
 def test_parquet_source_refusals(tmp_path):
   write_parquet(tmp_path / 'pq', n_files=1, column='body')
   cfg = make_config(source='parquet', paths=str(tmp_path / 'pq')).data
   with pytest.raises(ConfigError, match=r"text_field='text'.*part-000.parquet.*\['body', 'id'\]"):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   cfg.text_field = 'id'
   with pytest.raises(ConfigError, match='int64, not strings'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   cfg.paths = str(tmp_path / 'none*.parquet')
   with pytest.raises(ConfigError, match='matches no .parquet file'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   pq.write_table(pa.table({'text': pa.array([], pa.string())}), tmp_path / 'empty.parquet')
   cfg.paths, cfg.text_field = str(tmp_path / 'empty.parquet'), 'text'
   with pytest.raises(sources.DataError, match='hold no rows'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
   (tmp_path / 'broken.parquet').write_bytes(b'PAR1 garbage')
   cfg.paths = str(tmp_path / 'broken.parquet')
   with pytest.raises(sources.DataError, match='broken.parquet: not a readable parquet file'):
-    sources.make_source(cfg, 'train')
+    catalog.make_source(cfg, 'train')
 
 
 def test_parquet_training_mixes_and_resumes(tmp_path):
@@ -174,7 +175,7 @@ def _parquet_config(tmp_path, **data):
 
 
 def _pretokenized(config, out, **kwargs):
-  pretokenized.pretokenize(config, str(out), **kwargs)
+  pretokenize.pretokenize(config, str(out), **kwargs)
   c = make_config(**{k: config.data[k] for k in ('seq_len', 'long_doc_min_tokens', 'tokenizer')},
                   source='pretokenized', paths=str(out), batch_size=config.train.batch_size)
   c.model.vocab_size = config.model.vocab_size
@@ -190,7 +191,7 @@ def test_pretokenized_gives_the_batches_of_on_the_fly(tmp_path, tokenizer):
   pre = _pretokenized(on_the_fly, tmp_path / 'out', shard_tokens=500)
   manifest = pretokenized.read_manifest(str(tmp_path / 'out'))
   assert len(manifest['splits']['train']['shards']) > 2  # Several shards: batches cross shard boundaries.
-  train = sources.make_source(on_the_fly.data, 'train')
+  train = catalog.make_source(on_the_fly.data, 'train')
   assert manifest['splits']['train']['documents'] == len(train)
   assert manifest['splits']['train']['tokens'] == sum(len(tokenizers.get_tokenizer(on_the_fly.data.tokenizer).encode(
       train[i])) for i in range(len(train)))
@@ -217,10 +218,10 @@ def test_pretokenized_resume_in_the_middle_of_a_shard(tmp_path):
 def test_two_host_processes_read_disjoint_halves_covering_the_corpus(tmp_path):
   import multiprocessing  # pylint: disable=g-import-not-at-top
   config = _parquet_config(tmp_path)
-  pretokenized.pretokenize(config, str(tmp_path / 'out'))
+  pretokenize.pretokenize(config, str(tmp_path / 'out'))
   with multiprocessing.get_context('spawn').Pool(2) as pool:
     first, second = pool.map(host_reader.documents_read_by_host, [(str(tmp_path / 'out'), i, 2, 200) for i in (0, 1)])
-  train = sources.make_source(config.data, 'train')
+  train = catalog.make_source(config.data, 'train')
   assert first and second and not first & second
   assert first | second == {train[i] for i in range(len(train))}
 
@@ -230,11 +231,11 @@ def test_pretokenized_refusals(tmp_path):
   out = tmp_path / 'out'
   pre = _pretokenized(config, out, shard_tokens=800)
   with pytest.raises(ConfigError, match='already holds a pretokenized corpus'):
-    pretokenized.pretokenize(config, str(out))
+    pretokenize.pretokenize(config, str(out))
   with pytest.raises(ConfigError, match="source='pretokenized' is invalid for pretokenize"):
-    pretokenized.pretokenize(pre, str(tmp_path / 'again'))
+    pretokenize.pretokenize(pre, str(tmp_path / 'again'))
   with pytest.raises(ConfigError, match=r'no manifest\.json'):
-    sources.make_source(make_config(source='pretokenized', paths=str(tmp_path)).data, 'train')
+    catalog.make_source(make_config(source='pretokenized', paths=str(tmp_path)).data, 'train')
   # Another tokenizer: refused before any batch, naming both.
   other = make_config(source='pretokenized', paths=str(out), tokenizer=train_tokenizer_json(tmp_path / 'tok'))
   other.model.vocab_size = 300
@@ -246,7 +247,7 @@ def test_pretokenized_refusals(tmp_path):
   damaged = bytearray(original)
   damaged[150] ^= 0xFF
   shard.write_bytes(bytes(damaged))
-  source = sources.make_source(pre.data, 'train')
+  source = catalog.make_source(pre.data, 'train')
   with pytest.raises(sources.DataError, match=r'train-00001\.array_record: record 0 .*cannot be read'):
     [source[i] for i in range(len(source))]  # pylint: disable=expression-not-assigned
   # A truncated shard: refused when the source opens, naming the file.
@@ -264,7 +265,7 @@ def test_pretokenize_command(tmp_path, capsys):
   base = os.path.join(os.path.dirname(__file__), '..', 'configs', 'base.py')
   argv = [f'--config={base}', '--config.data.source=parquet', f'--config.data.paths={tmp_path}/pq/*.parquet',
           f'--config.data.tokenizer={tok}', '--config.model.vocab_size=300', '--out', str(tmp_path / 'out')]
-  assert pretokenized.main(argv) == 0
+  assert pretokenize_command.main(argv) == 0
   out = capsys.readouterr().out
   manifest = pretokenized.read_manifest(str(tmp_path / 'out'))
   assert manifest['tokenizer']['vocab_size'] == 300 and manifest['tokenizer']['spec'] == tok
@@ -272,7 +273,7 @@ def test_pretokenize_command(tmp_path, capsys):
   assert f'--config.data.source=pretokenized --config.data.paths={tmp_path / "out"}' in out
   argv[4] = '--config.model.vocab_size=257'  # The tokenizer has 300 ids.
   argv[-1] = str(tmp_path / 'out2')
-  assert command_line.run(pretokenized.main, argv) == 2
+  assert command_line.run(pretokenize_command.main, argv) == 2
   assert 'vocab_size=257' in capsys.readouterr().err and not (tmp_path / 'out2').exists()
 
 
@@ -293,12 +294,12 @@ def test_pretokenize_is_atomic_and_shows_progress(tmp_path, capsys, monkeypatch)
   with monkeypatch.context() as patch:
     patch.setattr(tokenizers.ByteTokenizer, 'encode', stopped)
     with pytest.raises(KeyboardInterrupt):
-      pretokenized.pretokenize(config, str(out), shard_tokens=800)
+      pretokenize.pretokenize(config, str(out), shard_tokens=800)
   assert sorted(p.name for p in tmp_path.iterdir()) == ['pq']  # Neither out nor its temporary folder.
   (tmp_path / '.out.partial').mkdir()  # What a kill -9 leaves.
   (tmp_path / '.out.partial' / 'train-00000.array_record').write_bytes(b'partial')
   out.mkdir()  # An empty --out made beforehand is taken.
-  manifest = pretokenized.pretokenize(config, str(out), shard_tokens=800, progress=True)
+  manifest = pretokenize.pretokenize(config, str(out), shard_tokens=800, progress=True)
   assert sorted(p.name for p in tmp_path.iterdir()) == ['out', 'pq']
   assert sorted(p.name for p in out.iterdir()) == sorted(
       [pretokenized.MANIFEST] + [s['file'] for split in manifest['splits'].values() for s in split['shards']])
@@ -307,14 +308,14 @@ def test_pretokenize_is_atomic_and_shows_progress(tmp_path, capsys, monkeypatch)
   config.data.source = 'recall'
   with pytest.raises(ConfigError, match=r"source='recall' is invalid for pretokenize: name the text source "
                      r'\(builtin, files, tfds, parquet\)'):
-    pretokenized.pretokenize(config, str(tmp_path / 'recall'))
+    pretokenize.pretokenize(config, str(tmp_path / 'recall'))
 
 
 @pytest.mark.slow
 def test_pretokenize_with_worker_processes_writes_the_same_records(tmp_path):
   config = _parquet_config(tmp_path)
-  one = pretokenized.pretokenize(config, str(tmp_path / 'one'), shard_tokens=800)
-  many = pretokenized.pretokenize(config, str(tmp_path / 'many'), shard_tokens=800, workers=2)
+  one = pretokenize.pretokenize(config, str(tmp_path / 'one'), shard_tokens=800)
+  many = pretokenize.pretokenize(config, str(tmp_path / 'many'), shard_tokens=800, workers=2)
   assert one['splits'] == many['splits']
   for split in pretokenized.SPLITS:
     a = pretokenized.PretokenizedSource(str(tmp_path / 'one'), split, 'byte')

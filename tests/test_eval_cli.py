@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import small_config
-from hybrid_jax import command_line, runs
-from hybrid_jax.data import pipeline, sources
+from hybrid_jax import command_line
+from hybrid_jax.train import runs
+from hybrid_jax.data import catalog, pipeline
 from hybrid_jax.data.tokenizers import ByteTokenizer
 from hybrid_jax.eval import cli, suite
 from hybrid_jax.eval.scoring import ModelScorer
@@ -71,7 +72,7 @@ def test_ppl_by_position_on_the_same_documents_and_packed_loss_beside_it(tiny_ru
   ids = result['documents']['ids']
   assert short['document_ids'] == long['document_ids'] == ids and len(set(ids)) == 5
   run = runs.load_run(run_dir)
-  held_out = sources.make_source(run.config.data, 'eval')
+  held_out = catalog.make_source(run.config.data, 'eval')
   texts = [held_out[i].encode() for i in ids]
   assert all(len(t) >= 64 for t in texts) and any(len(held_out[i]) == 48 for i in range(len(held_out)))
   rows = np.stack([np.concatenate([[256], np.frombuffer(t, np.uint8)[:64]]) for t in texts]).astype(np.int32)

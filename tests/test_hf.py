@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from hybrid_jax import cli as hybrid_jax_cli, command_line, runs
+from hybrid_jax import cli as hybrid_jax_cli, command_line
+
+from hybrid_jax.train import runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
 from hybrid_jax.hf import HFError, cli, config_map, io, weights

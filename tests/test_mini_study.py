@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from hybrid_jax.commands import study as study_command
 from hybrid_jax.config import ConfigError, load_config_file
 from hybrid_jax.data import pipeline, recall, recall_store
 from hybrid_jax.errors import UserError
@@ -61,7 +62,7 @@ def _check_report(out, preset, seeds=1):
 
 def test_smoke_study_runs_end_to_end(tmp_path, capsys, monkeypatch):
   out = tmp_path / 'study'
-  assert mini.main(['--preset', 'smoke', '--out', str(out)]) == 0
+  assert study_command.main(['--preset', 'smoke', '--out', str(out)]) == 0
   _check_report(out, 'smoke')
   printed = capsys.readouterr().out
   assert 'restricted to the last' in printed and 'NoPE on full layers:' in printed
@@ -74,14 +75,14 @@ def test_smoke_study_runs_end_to_end(tmp_path, capsys, monkeypatch):
   # A rerun reads finished runs (no training, no scoring); --arches keeps a subset.
   workdir = out / 'mini_full_seed0'
   before = {f: (workdir / f).read_bytes() for f in ('metrics.jsonl', 'report.json', mini.RESULT_FILE)}
-  assert mini.main(['--preset', 'smoke', '--out', str(out), '--arches', 'full']) == 0
+  assert study_command.main(['--preset', 'smoke', '--out', str(out), '--arches', 'full']) == 0
   assert 'finished earlier' in capsys.readouterr().out
   assert {f: (workdir / f).read_bytes() for f in before} == before
   report = json.loads((out / 'report.json').read_text())
   assert list(report['summary']) == ['Full'] and len(report['runs']) == 1
   # Other preset settings: the run is scored again (not retrained: same training record).
   monkeypatch.setitem(presets.PRESETS, 'smoke', dataclasses.replace(presets.PRESETS['smoke'], eval_documents=3))
-  assert mini.main(['--preset', 'smoke', '--out', str(out), '--arches', 'Full']) == 0
+  assert study_command.main(['--preset', 'smoke', '--out', str(out), '--arches', 'Full']) == 0
   assert 'finished earlier' not in capsys.readouterr().out
   assert (workdir / 'metrics.jsonl').read_bytes() == before['metrics.jsonl']
   assert json.loads((workdir / mini.RESULT_FILE).read_text())['key']['preset']['eval_documents'] == 3
@@ -111,8 +112,8 @@ def test_parallel_study_trains_through_the_sweep_runner_to_the_same_numbers(tmp_
   here: the report equals --parallel 1's, and the sweep reads the study's run directories as its own."""
   serial, parallel = tmp_path / 'serial', tmp_path / 'parallel'
   study = ['--preset', 'smoke', '--arches', 'full,swa128']
-  assert mini.main([*study, '--out', str(serial)]) == 0
-  assert mini.main([*study, '--out', str(parallel), '--parallel', '2']) == 0
+  assert study_command.main([*study, '--out', str(serial)]) == 0
+  assert study_command.main([*study, '--out', str(parallel), '--parallel', '2']) == 0
   printed = capsys.readouterr().out
   assert printed.count('training 4 steps') == 2  # In this process: the serial study's runs only.
   assert 'sweep mini,preset=smoke,seeds=1: 2/2 completed' in printed, printed
@@ -215,7 +216,7 @@ def test_windows_and_distances_follow_the_preset():
 @pytest.mark.slow
 def test_mini_preset(tmp_path):
   """The real preset, one seed (12-25 minutes on 2 cores, BENCHMARKS.md)."""
-  assert mini.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
+  assert study_command.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
   _check_report(tmp_path, 'mini', seeds=presets.PRESETS['mini'].seeds)
 
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from hybrid_jax import runs
+from hybrid_jax.train import runs
 from hybrid_jax.eval import ruler
 from hybrid_jax.eval.scoring import ModelScorer
 from hybrid_jax import training

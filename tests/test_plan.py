@@ -5,7 +5,8 @@ import shlex
 
 import pytest
 
-from hybrid_jax import cli
+from hybrid_jax import cli, config as config_lib
+from hybrid_jax.compile_check import rows as compile_check_rows
 from hybrid_jax.study import plan
 from tests.conftest import ROOT
 
@@ -66,8 +67,8 @@ def test_the_packaged_sweeps_by_name_from_any_directory(tmp_path, monkeypatch, c
   package is installed; the repository's configs/sweep.py gives the same runs."""
   monkeypatch.chdir(tmp_path)
   for name in ('study', 'mini,preset=smoke,seeds=2'):
-    runs = plan.sweep_runs(f'sweep:{name}')
-    assert runs == plan.sweep_runs(f'{ROOT}/configs/sweep.py:{name}')
+    runs = config_lib.load_sweep(f'sweep:{name}')
+    assert runs == config_lib.load_sweep(f'{ROOT}/configs/sweep.py:{name}')
     assert all(r.startswith('mini:' if name.startswith('mini') else 'hybrid:') for r in runs)
   out = tmp_path / 'launch.txt'
   assert plan.main(['--sweep', 'sweep:s5', '--launch-list', str(out)]) == 0
@@ -113,7 +114,7 @@ def test_tpu_hours_from_compile_check_rows(tmp_path, capsys):
   fit = tmp_path / 'fit.json'
   fit.write_text(json.dumps(rows))
   gdn, full = TINY.replace('swa128_nope', 'gdn'), TINY.replace('swa128_nope', 'full')
-  p = plan.make_plan([TINY, gdn, full], tflops=100.0, mfu=0.5, fit_rows=plan.load_fit_rows(fit, 'v5p'))
+  p = plan.make_plan([TINY, gdn, full], tflops=100.0, mfu=0.5, fit_rows=compile_check_rows.load(fit, 'v5p'))
   swa, gdn_row, full_row = p['runs']
   # 300 steps x 2 s x (batch 8 / row batch 16) / mfu 0.5 = 600 s on 4 chips.
   assert (swa['tpu_target'], swa['tpu_change']) == ('v5p:2x2x1', None)

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from hybrid_jax import runs
-from hybrid_jax.data import pipeline, sources
+from hybrid_jax.train import runs
+from hybrid_jax.data import catalog, pipeline, sources
 from hybrid_jax.eval import position
 from hybrid_jax.train import step as step_lib
 from tests.conftest import small_config
@@ -32,7 +32,7 @@ def _config(corpus):
 
 
 def _held_out_lengths(config):
-  source = sources.make_source(config.data, 'eval')
+  source = catalog.make_source(config.data, 'eval')
   return source, np.array([len(source[i].encode()) for i in range(len(source))])
 
 

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.analysis import callbacks, forward as forward_lib
+from hybrid_jax.analysis import callbacks
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.eval import recall, recall_mechanism
 from hybrid_jax.study import presets
 from hybrid_jax.train import state as state_lib

@@ -42,7 +42,7 @@ def test_training_reads_documents_in_the_order_of_training_document_indices():
 def test_a_store_holds_the_generated_text_and_training_reads_it_unchanged(tmp_path, monkeypatch):
   config = _config()
   indices = pipeline.training_document_indices(config, 40)
-  path = recall_store.build(config.data, 'train', indices[:30], tmp_path)
+  path = recall.build_store(config.data, 'train', indices[:30], tmp_path)
   store = recall_store.load(tmp_path, recall.settings(config.data), 'train')
   source = _generated(config)
   assert path.exists() and sorted(store.indices.tolist()) == sorted(indices[:30].tolist())
@@ -60,7 +60,7 @@ def test_a_store_holds_the_generated_text_and_training_reads_it_unchanged(tmp_pa
 def test_the_source_serves_stored_text_and_only_its_own_settings_split(tmp_path, monkeypatch, caplog):
   config = _config()
   settings = recall.settings(config.data)
-  recall_store.build(config.data, 'train', [5, 9], tmp_path)
+  recall.build_store(config.data, 'train', [5, 9], tmp_path)
   path = recall_store.path_for(tmp_path, settings, 'train')
   with np.load(path) as f:
     fields = dict(f)
@@ -88,24 +88,24 @@ def test_the_source_serves_stored_text_and_only_its_own_settings_split(tmp_path,
 
 def test_building_again_adds_only_missing_documents(tmp_path, monkeypatch):
   config = _config()
-  recall_store.build(config.data, 'train', [3, 1, 2], tmp_path)
+  recall.build_store(config.data, 'train', [3, 1, 2], tmp_path)
   path = recall_store.path_for(tmp_path, recall.settings(config.data), 'train')
   with np.load(path) as f:
     fields = dict(f)
   fields['texts'][0] = np.frombuffer(b'Z' * 256, np.uint8)  # Document 1 as stored: kept, not generated again.
   np.savez(path, **fields)
-  recall_store.build(config.data, 'train', [2, 40, 1], tmp_path)
+  recall.build_store(config.data, 'train', [2, 40, 1], tmp_path)
   store = recall_store.load(tmp_path, recall.settings(config.data), 'train')
   assert store.indices.tolist() == [1, 2, 3, 40]
   assert store.get(1) == 'Z' * 256 and store.get(40) == _generated(config)[40]
 
 
 def test_a_store_built_by_worker_processes_equals_one_built_here(tmp_path, monkeypatch):
-  monkeypatch.setattr(recall_store, '_PER_WORKER', 10)
+  monkeypatch.setattr(recall_store, 'PER_WORKER', 10)
   config = _config()
   indices = pipeline.training_document_indices(config, 30)
-  recall_store.build(config.data, 'train', indices, tmp_path / 'two', workers=2)
-  recall_store.build(config.data, 'train', indices, tmp_path / 'one', workers=1)
+  recall.build_store(config.data, 'train', indices, tmp_path / 'two', workers=2)
+  recall.build_store(config.data, 'train', indices, tmp_path / 'one', workers=1)
   settings = recall.settings(config.data)
   two, one = (recall_store.load(tmp_path / d, settings, 'train') for d in ('two', 'one'))
   np.testing.assert_array_equal(two.indices, one.indices)

@@ -12,6 +12,7 @@ from hybrid_jax.models.mixers import make_mixer
 from hybrid_jax.models.mixers import lightning
 from hybrid_jax.models.mixers.lightning import alibi_slopes
 from hybrid_jax.models.model import HybridLM
+from hybrid_jax.study import mixer_shapes
 from hybrid_jax.train import optim
 from tests.conftest import ROOT, small_config, study_config
 
@@ -19,7 +20,7 @@ KINDS = ['lightning', 'mamba2', 'gdn']
 
 
 def test_every_mixer_is_within_5_percent_of_attention_at_every_scale():
-  rows = counting.mixer_matching_table()
+  rows = mixer_shapes.mixer_matching_table()
   assert {(r['scale'], r['kind']) for r in rows} == {(s, k) for s in ('tiny', 's1', 's2', 's3', 's4', 's5')
                                                       for k in KINDS}
   for r in rows:
@@ -47,7 +48,7 @@ def test_mixer_param_formulas_match_the_built_mixers_at_every_scale(scale):
 
 
 def test_docs_table_is_generated_from_the_configs():
-  assert (ROOT / 'docs' / 'MIXER_SHAPES.md').read_text() == counting.mixer_matching_markdown()
+  assert (ROOT / 'docs' / 'MIXER_SHAPES.md').read_text() == mixer_shapes.mixer_matching_markdown()
 
 
 def _mixer(kind, init=True, **overrides):

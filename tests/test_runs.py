@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hybrid_jax import runs
+from hybrid_jax.train import runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file
 from hybrid_jax.models.mixers import lightning
 from hybrid_jax.models.model import HybridLM

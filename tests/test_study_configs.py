@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from hybrid_jax import runs
+from hybrid_jax.train import runs
 from hybrid_jax.config import ConfigError, validate
 from hybrid_jax.train import loop, optim, state as state_lib
 from tests.conftest import small_config, study_config

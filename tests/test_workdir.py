@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hybrid_jax import runs
+from hybrid_jax.train import runs
 from hybrid_jax.study import collect
 from hybrid_jax import training
 from hybrid_jax.train import config_history, optim, session as session_lib, workdir_lock

@@ -85,7 +85,7 @@ def _parser() -> command_line.ArgumentParser:
 
 def _dispatch(args) -> dict:
   from hybrid_jax.analysis import gradient_influence, probing, restriction, retrieval_heads, tracing
-  from hybrid_jax.runs import load_run
+  from hybrid_jax.train.runs import load_run
   progress = not args.no_progress
   common = dict(out=args.out, batch_size=args.batch_size)
   if args.tool == 'tracing-overlay':

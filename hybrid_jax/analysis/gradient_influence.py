@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.analysis import report
 from hybrid_jax.analysis.restriction import eval_batches
 from hybrid_jax.errors import InputError

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.analysis import needles
 
 LAST_QUERIES = 4

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.analysis import needles, report
 from hybrid_jax.errors import InputError
 

@@ -16,9 +16,9 @@ import numpy as np
 import tqdm
 
 from hybrid_jax import readers
-from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report, retrieval_heads
-from hybrid_jax.analysis.windowed import Restriction
+from hybrid_jax.inspection.windowed import Restriction
 from hybrid_jax.data.pipeline import make_eval_batches
 from hybrid_jax.errors import InputError
 from hybrid_jax.eval import longppl as longppl_lib

@@ -9,7 +9,7 @@ Only attention layers are scored (full, SWA, head-wise); recurrent layers are li
 
 import numpy as np
 
-from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report
 from hybrid_jax.errors import InputError
 

@@ -14,10 +14,10 @@ import numpy as np
 import tqdm
 
 from hybrid_jax import readers
-from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.analysis import needle_probe, needles, report, retrieval_heads
 from hybrid_jax.errors import InputError
-from hybrid_jax.runs import RunError, checkpoint_steps, load_run
+from hybrid_jax.train.runs import RunError, checkpoint_steps, load_run
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:

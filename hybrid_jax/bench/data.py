@@ -22,7 +22,7 @@ import time
 
 from hybrid_jax import checks, command_line, readers
 from hybrid_jax.config import ConfigError, load_run
-from hybrid_jax.data import pipeline, pretokenized, sources
+from hybrid_jax.data import catalog, pipeline, pretokenize
 
 
 def _config(spec: str, overrides: list[str]):
@@ -68,7 +68,7 @@ def make_tokenizers(config, out_dir: str, max_documents: int = 2000) -> list[str
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
-  source = sources.make_source(config.data, 'train')
+  source = catalog.make_source(config.data, 'train')
   texts = [source[i] for i in range(min(len(source), max_documents))]
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -97,7 +97,7 @@ def run(config, tokenizer_specs: list[str], workers: list[int], batches: int, ho
       pre = c.copy_and_resolve_references()
       pre.data.source, pre.data.paths = 'pretokenized', os.path.join(tmp, f'tok{len(rows)}')
       start = time.perf_counter()
-      pretokenized.pretokenize(c, pre.data.paths)
+      pretokenize.pretokenize(c, pre.data.paths)
       write_s = time.perf_counter() - start
       for path, cfg in (('on the fly', c), ('pretokenized', pre)):
         for n in workers:

@@ -59,7 +59,7 @@ SCALES = {
 }
 
 # scale -> recurrent mixer inner shapes, chosen so each mixer's parameter count is within 5% of the attention
-# layer's (2*d^2 + 2*d*kv_heads*head_dim); docs/MIXER_SHAPES.md lists the counts (counting.mixer_matching_table).
+# layer's (2*d^2 + 2*d*kv_heads*head_dim); docs/MIXER_SHAPES.md lists the counts (hybrid_jax.study.mixer_shapes).
 # Lightning and GDN keep key width 32 and value width 64 (16 / 32 at tiny) and scale the head count with d_model;
 # Mamba-2 keeps the reference head width 64 (16 at tiny) and picks heads and state size.
 MIXER_SHAPES = {

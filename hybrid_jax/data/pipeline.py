@@ -16,8 +16,7 @@ import numpy as np
 
 from hybrid_jax import cores
 from hybrid_jax.errors import ConfigError
-from hybrid_jax.data import sources as sources_lib
-from hybrid_jax.data import tokenizers
+from hybrid_jax.data import catalog, sources as sources_lib, tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +158,7 @@ def _in_training_order(docs: grain.MapDataset, config) -> grain.MapDataset:
 def training_document_indices(config, count: int, *, process_index: int = 0, process_count: int = 1) -> np.ndarray:
   """int64 [count]: the training-split indices of the first `count` documents that make_train_dataset reads in
   this process, in reading order (what hybrid_jax.data.recall_store generates ahead)."""
-  n = len(sources_lib.make_source(config.data, 'train'))
+  n = len(catalog.make_source(config.data, 'train'))
   order = _in_training_order(grain.MapDataset.range(n)[process_index::process_count], config)
   return np.fromiter((order[j] for j in range(count)), np.int64, count)
 
@@ -176,7 +175,7 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
     raise ConfigError(f'config.train.batch_size={config.train.batch_size} is invalid: must be divisible by the '
                       f'process count {process_count}')
   tokenizer = checked_tokenizer(config)
-  source = sources_lib.make_source(d, 'train')
+  source = catalog.make_source(d, 'train')
   docs = grain.MapDataset.source(source)[process_index::process_count]
   if not len(docs):
     raise sources_lib.DataError(f'{source!r} has {len(source)} training documents: too few for process '
@@ -202,7 +201,7 @@ def make_eval_batches(config, num_batches: int) -> list[dict]:
   if num_batches <= 0:
     raise ValueError(f'num_batches={num_batches} is invalid: must be positive')
   tokenizer = checked_tokenizer(config)
-  source = sources_lib.make_source(d, 'eval')
+  source = catalog.make_source(d, 'eval')
   docs = grain.MapDataset.source(source).shuffle(seed=int(config.seed))
   tokens = docs.map(_Tokenize(tokenizer)).filter(_LengthFilter(0, None))
   seq_len, batch_size = int(d.seq_len), int(config.train.batch_size)
@@ -241,7 +240,7 @@ def held_out_documents(config, min_tokens: int, count: int) -> HeldOutDocuments:
   if min_tokens <= 0 or count <= 0:
     raise ValueError(f'min_tokens={min_tokens} and count={count} must be positive')
   tokenizer = checked_tokenizer(config)
-  source = sources_lib.make_source(config.data, 'eval')
+  source = catalog.make_source(config.data, 'eval')
   ids, rows = [], []
   for index in np.random.default_rng(int(config.seed)).permutation(len(source)):
     tokens = _Tokenize(tokenizer)(source[int(index)])[:-1]

@@ -1,146 +1,30 @@
-"""Tokenize a corpus once: ArrayRecord shards of token documents plus a manifest, read back as a training source.
+"""Pretokenized corpora read back: ArrayRecord shards of token documents plus a manifest, a training source.
 
-At study scale the same corpus would otherwise be tokenized by every run. `pretokenize` writes each split of the
-configured source ('train', 'eval') in the source's own index order, one record per document (little-endian int32
-tokens, no EOS), so the pipeline reading the directory (data.source='pretokenized', data.paths=DIR) appends EOS,
-shuffles, shards across hosts, mixes long and short documents and packs exactly as it does on the fly: the same
+hybrid_jax.data.pretokenize writes them (the `pretokenize` command); this module reads them
+(data.source='pretokenized', data.paths=DIR). Each split ('train', 'eval') is stored in the source's own index
+order, one record per document (little-endian int32 tokens, no EOS), so the pipeline reading the directory appends
+EOS, shuffles, shards across hosts, mixes long and short documents and packs exactly as it does on the fly: the same
 documents give the same batches, and the iterator state resumes the same way. Nothing stored depends on the
 sequence length, so one directory serves every data.seq_len.
 
 The manifest (manifest.json, written last) records the tokenizer (spec, content hash, vocabulary, EOS/BOS), the
 source and its files, and per split the document and token counts and every shard's records and bytes. Opening a
 directory refuses a manifest made with another tokenizer, and a missing, truncated or corrupt shard, naming it.
-
-    python -m hybrid_jax pretokenize --config=hybrid:arch=swa128_nope,scale=s1 \
-        --config.data.source=parquet --config.data.paths='corpus/*.parquet' \
-        --config.data.tokenizer=tok/tokenizer.json --out /data/corpus_tok
 """
 
-import datetime
-import json
-import logging
 import os
-import pathlib
-import shlex
-import shutil
 
 import grain
 import numpy as np
-import tqdm
 
-from hybrid_jax import checks, command_line, readers
-from hybrid_jax.config import ConfigError, load_run
-from hybrid_jax.data import pipeline, sources, tokenizers
+from hybrid_jax import readers
+from hybrid_jax.data import sources, tokenizers
+from hybrid_jax.errors import ConfigError
 
 FORMAT = 'hybrid_jax pretokenized 1'
 MANIFEST = 'manifest.json'
 SPLITS = ('train', 'eval')
-_DTYPE = np.dtype('<i4')
-# Tokens per shard: ~1 GiB of int32, small enough to copy and to spread over hosts and workers.
-DEFAULT_SHARD_TOKENS = 1 << 28
-
-
-def _source_record(data_cfg, source) -> dict:
-  """What was tokenized: the data keys that choose documents, and each input file with its size."""
-  keys = ('source', 'paths', 'text_field', 'eval_fraction', 'tfds_name', 'tfds_data_dir', 'tfds_train_split',
-          'tfds_eval_split')
-  files = [{'path': path, 'bytes': os.path.getsize(path)} for path, _ in getattr(source, 'files', [])]
-  return {'config': {k: data_cfg[k] for k in keys}, 'files': files}
-
-
-def _shard_name(split: str, index: int) -> str:
-  return f'{split}-{index:05d}.array_record'
-
-
-def _write_split(source, tokenizer, out_dir: str, split: str, shard_tokens: int, workers: int,
-                 progress: bool = False) -> dict:
-  """Writes `source` in index order into shards of at most `shard_tokens` tokens (a longer document gets its own)."""
-  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
-  docs = grain.MapDataset.source(source).map(tokenizer.encode).to_iter_dataset(
-      grain.ReadOptions(num_threads=0 if workers else 4))
-  if workers:
-    docs = pipeline.in_worker_processes(docs, workers)
-  shards, writer, shard = [], None, None
-
-  def close():
-    writer.close()
-    shard['bytes'] = os.path.getsize(os.path.join(out_dir, shard['file']))
-    shards.append(shard)
-
-  bar = tqdm.tqdm(total=len(source), desc=f'pretokenize {split}', unit='doc', disable=not progress,
-                  dynamic_ncols=True)
-  for tokens in docs:
-    bar.update(1)
-    if writer is None or (shard['tokens'] and shard['tokens'] + len(tokens) > shard_tokens):
-      if writer is not None:
-        close()
-      shard = {'file': _shard_name(split, len(shards)), 'documents': 0, 'tokens': 0}
-      # group_size:1 makes every record its own chunk: a random read decodes one document, not a group.
-      writer = ArrayRecordWriter(os.path.join(out_dir, shard['file']), 'group_size:1')
-    writer.write(np.asarray(tokens, _DTYPE).tobytes())
-    shard['documents'] += 1
-    shard['tokens'] += len(tokens)
-  bar.close()
-  if writer is not None:
-    close()
-  return {'documents': sum(s['documents'] for s in shards), 'tokens': sum(s['tokens'] for s in shards),
-          'shards': shards}
-
-
-# The sources pretokenize reads: text (the others are token directories already, or synthetic and made per run).
-TEXT_SOURCES = ('builtin', 'files', 'tfds', 'parquet')
-
-
-def pretokenize(config, out_dir: str, shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int = 0,
-                progress: bool = False) -> dict:
-  """Tokenizes both splits of config.data's source into `out_dir` (a new or empty directory).
-
-  Everything is written into a hidden sibling folder first, which becomes `out_dir` by one rename once the manifest
-  is complete: a stopped run leaves no directory that looks like a corpus (the next run clears its leftovers).
-  """
-  d = config.data
-  if d.source not in TEXT_SOURCES:
-    raise ConfigError(f'config.data.source={d.source!r} is invalid for pretokenize: name the text source '
-                      f'({", ".join(TEXT_SOURCES)}) to tokenize')
-  checks.number(shard_tokens, '--shard-tokens', integer=True, positive=True)
-  checks.number(workers, '--workers', integer=True, nonnegative=True)
-  out = pathlib.Path(out_dir)
-  if (out / MANIFEST).exists():
-    raise ConfigError(f'{out_dir} already holds a pretokenized corpus ({MANIFEST}); choose another --out')
-  checks.path(out, '--out', kind='dir', exists=False, writable=True)
-  if out.is_dir() and any(out.iterdir()):
-    raise ConfigError(f'--out={out_dir}: holds other files; pretokenize writes a new (or empty) directory')
-  tokenizer = pipeline.checked_tokenizer(config)
-  partial = out.parent / f'.{out.name}.partial'
-  if partial.exists():
-    logging.warning('removing %s, left by a pretokenize that did not finish', partial)
-    shutil.rmtree(partial)
-  partial.mkdir(parents=True)
-  manifest = {
-      'format': FORMAT,
-      'created': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'),
-      'tokenizer': {'spec': d.tokenizer, 'hash': tokenizers.fingerprint(d.tokenizer),
-                    'vocab_size': tokenizer.vocab_size, 'eos_id': tokenizer.eos_id, 'bos_id': tokenizer.bos_id},
-      'dtype': _DTYPE.str,
-      'made_with_seq_len': int(d.seq_len),  # For the record only: documents do not depend on it.
-      'splits': {},
-  }
-  try:
-    for split in SPLITS:
-      source = sources.make_source(d, split)
-      manifest.setdefault('source', _source_record(d, source))
-      manifest['splits'][split] = {'source': repr(source), **_write_split(source, tokenizer, str(partial), split,
-                                                                          shard_tokens, workers, progress)}
-    with open(partial / MANIFEST, 'w') as f:
-      json.dump(manifest, f, indent=1)
-      f.write('\n')
-    if out.is_dir():
-      out.rmdir()  # Empty (checked above); the rename takes its place.
-    os.rename(partial, out)
-  except BaseException:
-    shutil.rmtree(partial, ignore_errors=True)
-    raise
-  return manifest
+DTYPE = np.dtype('<i4')
 
 
 def read_manifest(directory: str) -> dict:
@@ -216,9 +100,9 @@ class PretokenizedSource:
     except Exception as e:  # A corrupt chunk fails its checksum inside array_record.
       raise sources.DataError(f'{path}: record {local} (document {index} of the {self.split} split) cannot be '
                               f'read ({type(e).__name__}: {e})') from e
-    if len(record) % _DTYPE.itemsize:
+    if len(record) % DTYPE.itemsize:
       raise sources.DataError(f'{path}: record {local} has {len(record)} bytes, not a whole number of int32 tokens')
-    return np.frombuffer(record, _DTYPE).astype(np.int32)
+    return np.frombuffer(record, DTYPE).astype(np.int32)
 
   def __getstate__(self):
     state = dict(self.__dict__)
@@ -227,29 +111,3 @@ class PretokenizedSource:
 
   def __repr__(self):
     return f'PretokenizedSource(directory={self.directory!r}, split={self.split!r}, documents={len(self)})'
-
-
-def main(argv) -> int:
-  """`python -m hybrid_jax pretokenize --config=FILE[:ARG] [--config.KEY=VALUE ...] --out DIR`."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=__doc__.split('\n\n')[0],
-                                       epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
-                                       '--config as for train.')
-  parser.add_argument('--config', required=True, help='config file[:arg], as for train')
-  parser.add_argument('--out', required=True, type=checks.OUT_DIR,
-                      help='directory to write (shards + manifest.json); written under a temporary name and renamed '
-                      'when complete')
-  parser.add_argument('--shard-tokens', type=checks.POSITIVE_INT,
-                      default=DEFAULT_SHARD_TOKENS, help='tokens per shard, at most')
-  parser.add_argument('--workers', type=checks.NONNEGATIVE_INT, default=0,
-                      help='grain worker processes that tokenize')
-  parser.add_argument('--no-progress', action='store_true', help='no progress bar')
-  args, overrides = parser.parse_known_args(argv)
-  if overrides and not overrides[0].startswith('--config.'):
-    parser.error(f'unrecognized arguments: {" ".join(overrides)}')
-  _, _, config = load_run(shlex.join([args.config, *overrides]))
-  manifest = pretokenize(config, args.out, args.shard_tokens, args.workers, progress=not args.no_progress)
-  for split, entry in manifest['splits'].items():
-    print(f"{split}: {entry['documents']} documents, {entry['tokens']} tokens, {len(entry['shards'])} shards")
-  print(f'train on it with --config.data.source=pretokenized --config.data.paths={args.out} '
-        f"--config.data.tokenizer={manifest['tokenizer']['spec']}")
-  return 0

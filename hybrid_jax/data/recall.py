@@ -28,11 +28,15 @@ stable, and grain's shuffle and checkpointed iterator state work on it unchanged
 its queries (positions, distances, answers) for scoring (hybrid_jax.eval.recall).
 """
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
+import multiprocessing
 import os
+import pathlib
 import string
+import uuid
 
 import numpy as np
 
@@ -325,3 +329,45 @@ class RecallSource:
 
   def __repr__(self):
     return f'RecallSource(split={self.split!r}, documents={self._len}, settings={self.settings!r})'
+
+
+# ------------------------------------------------------------------------------------ the store, built ahead
+def _store_texts(data_cfg, split: str, indices: np.ndarray) -> np.ndarray:
+  """uint8 [len(indices), length]: the documents' text."""
+  source = RecallSource(data_cfg, split, use_store=False)
+  length = source.settings.length
+  out = np.empty((len(indices), length), np.uint8)
+  for row, index in enumerate(indices):
+    text = source[int(index)].encode('ascii')
+    if len(text) != length:
+      raise AssertionError(f'recall document {index} has {len(text)} characters, not {length}')
+    out[row] = np.frombuffer(text, np.uint8)
+  return out
+
+
+def build_store(data_cfg, split: str, indices, directory, workers: int = 1) -> pathlib.Path:
+  """Generates documents `indices` of `split` (a data config with source 'recall') into the store of its settings
+  in `directory`, in `workers` processes, and returns the store's path. Documents an existing store already holds
+  are kept, not generated again."""
+  settings_ = settings(data_cfg)
+  path = recall_store.path_for(directory, settings_, split)
+  present = recall_store.load(directory, settings_, split) or recall_store.Store(np.zeros(0, np.int64), np.zeros((0, settings_.length), np.uint8))
+  missing = np.setdiff1d(np.asarray(indices, np.int64), present.indices)
+  if not len(missing):
+    return path
+  workers = min(workers, max(1, len(missing) // recall_store.PER_WORKER))
+  if workers > 1:
+    parts = np.array_split(missing, workers)
+    context = multiprocessing.get_context('spawn')  # No fork of a process whose JAX runtime holds threads.
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+      new = np.concatenate(list(pool.map(_store_texts, [data_cfg] * workers, [split] * workers, parts)))
+  else:
+    new = _store_texts(data_cfg, split, missing)
+  indices = np.concatenate([present.indices, missing])
+  order = np.argsort(indices)
+  indices, texts = indices[order], np.concatenate([present.texts, new])[order]
+  path.parent.mkdir(parents=True, exist_ok=True)
+  partial = path.with_name(f'.{path.stem}-{uuid.uuid4().hex}.npz')  # Readers never see half a file.
+  np.savez(partial, key=np.asarray(recall_store.key_of(settings_, split)), indices=indices, texts=texts)
+  os.replace(partial, path)
+  return path

@@ -2,7 +2,7 @@
 
 Why: the mini-study's arches of one seed train on the same recall documents in the same order, and generating a
 document (numpy draws, a few hundred microseconds) was a tenth of the mini preset's CPU training step
-(BENCHMARKS.md). A store holds the text of chosen documents of one split: `build` writes it, and a RecallSource
+(BENCHMARKS.md). A store holds the text of chosen documents of one split: `hybrid_jax.data.recall.build_store` writes it, and a RecallSource
 reads from it whenever the environment variable HYBRID_JAX_RECALL_STORE names the directory that holds it;
 documents not in the store are generated as before. A store is named by a digest of the recall settings and the
 split, so a source only ever reads a store of its own documents; the text is the generator's own output, so a run
@@ -13,18 +13,14 @@ File: `recall-<digest>.npz` with `indices` (int64, sorted, the documents' indice
 settings and split it was built from).
 """
 
-import concurrent.futures
 import hashlib
 import logging
-import multiprocessing
-import os
 import pathlib
-import uuid
 
 import numpy as np
 
 ENV = 'HYBRID_JAX_RECALL_STORE'
-_PER_WORKER = 20_000  # Documents (about 6 s of generating) worth starting another process for.
+PER_WORKER = 20_000  # Documents (about 6 s of generating) worth starting another process for.
 
 log = logging.getLogger(__name__)
 
@@ -67,46 +63,3 @@ def load(directory, settings, split: str) -> Store | None:
     log.warning('recall store %s was built for other settings (%s); generating documents instead', path, key)
     return None
   return Store(indices, texts)
-
-
-def _texts(data_cfg, split: str, indices: np.ndarray) -> np.ndarray:
-  """uint8 [len(indices), length]: the documents' text."""
-  from hybrid_jax.data import recall  # pylint: disable=g-import-not-at-top  (recall imports this module)
-  source = recall.RecallSource(data_cfg, split, use_store=False)
-  length = source.settings.length
-  out = np.empty((len(indices), length), np.uint8)
-  for row, index in enumerate(indices):
-    text = source[int(index)].encode('ascii')
-    if len(text) != length:
-      raise AssertionError(f'recall document {index} has {len(text)} characters, not {length}')
-    out[row] = np.frombuffer(text, np.uint8)
-  return out
-
-
-def build(data_cfg, split: str, indices, directory, workers: int = 1) -> pathlib.Path:
-  """Generates documents `indices` of `split` (a data config with source 'recall') into the store of its settings
-  in `directory`, in `workers` processes, and returns the store's path. Documents an existing store already holds
-  are kept, not generated again."""
-  from hybrid_jax.data import recall  # pylint: disable=g-import-not-at-top
-  settings = recall.settings(data_cfg)
-  path = path_for(directory, settings, split)
-  present = load(directory, settings, split) or Store(np.zeros(0, np.int64), np.zeros((0, settings.length), np.uint8))
-  missing = np.setdiff1d(np.asarray(indices, np.int64), present.indices)
-  if not len(missing):
-    return path
-  workers = min(workers, max(1, len(missing) // _PER_WORKER))
-  if workers > 1:
-    parts = np.array_split(missing, workers)
-    context = multiprocessing.get_context('spawn')  # No fork of a process whose JAX runtime holds threads.
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-      new = np.concatenate(list(pool.map(_texts, [data_cfg] * workers, [split] * workers, parts)))
-  else:
-    new = _texts(data_cfg, split, missing)
-  indices = np.concatenate([present.indices, missing])
-  order = np.argsort(indices)
-  indices, texts = indices[order], np.concatenate([present.texts, new])[order]
-  path.parent.mkdir(parents=True, exist_ok=True)
-  partial = path.with_name(f'.{path.stem}-{uuid.uuid4().hex}.npz')  # Readers never see half a file.
-  np.savez(partial, key=np.asarray(key_of(settings, split)), indices=indices, texts=texts)
-  os.replace(partial, path)
-  return path

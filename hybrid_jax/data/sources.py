@@ -1,7 +1,7 @@
 """Random-access document sources (`len`, `[i] -> str`) for grain: built-in corpus, local files and TFDS.
 
-`make_source` also opens parquet shards (`parquet.py`), pre-tokenized directories (`pretokenized.py`, whose
-documents are token arrays instead of text) and the synthetic recall task (`recall.py`).
+`catalog.make_source` opens these and the other kinds: parquet shards (`parquet.py`), pre-tokenized directories
+(`pretokenized.py`, whose documents are token arrays instead of text) and the synthetic recall task (`recall.py`).
 
 Sources hold an index (paths, byte offsets), never the text, so they stay small when grain pickles them into worker
 processes, and their `repr` is deterministic because grain records it next to iterator state. 'builtin' and 'files'
@@ -328,30 +328,3 @@ class TfdsSource:
   def __repr__(self):
     return (f'TfdsSource(name={self.name!r}, split={self.split!r}, data_dir={self.data_dir!r}, '
             f'text_field={self.text_field!r})')
-
-
-def make_source(data_cfg, split: str):
-  """The document source for `split` ('train' or 'eval') that `data_cfg.source` names."""
-  if split not in ('train', 'eval'):
-    raise ValueError(f"split={split!r} is invalid: use 'train' or 'eval'")
-  kind = data_cfg.source
-  if kind == 'builtin':
-    return BuiltinSource(split, data_cfg.eval_fraction)
-  if kind == 'files':
-    return FilesSource(data_cfg.paths, split, data_cfg.eval_fraction, data_cfg.text_field)
-  if kind == 'tfds':
-    if not data_cfg.tfds_name:
-      raise ConfigError("config.data.tfds_name='' is invalid: must name a TFDS dataset when data.source='tfds'")
-    tfds_split = data_cfg.tfds_train_split if split == 'train' else data_cfg.tfds_eval_split
-    return TfdsSource(data_cfg.tfds_name, tfds_split, data_cfg.tfds_data_dir, data_cfg.text_field)
-  if kind == 'parquet':
-    from hybrid_jax.data import parquet  # pylint: disable=g-import-not-at-top
-    return parquet.ParquetSource(data_cfg.paths, split, data_cfg.eval_fraction, data_cfg.text_field)
-  if kind == 'pretokenized':
-    from hybrid_jax.data import pretokenized  # pylint: disable=g-import-not-at-top
-    return pretokenized.PretokenizedSource(data_cfg.paths, split, data_cfg.tokenizer)
-  if kind == 'recall':
-    from hybrid_jax.data import recall  # pylint: disable=g-import-not-at-top
-    return recall.RecallSource(data_cfg, split)
-  raise ConfigError(f"config.data.source={kind!r} is invalid: allowed: builtin, files, tfds, parquet, pretokenized, "
-                    'recall')

@@ -19,7 +19,7 @@ import os
 
 import tensorflow_datasets as tfds
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
 from hybrid_jax.data import sources
 from hybrid_jax.errors import InputError
 
@@ -91,18 +91,3 @@ def build_local_tfds(paths: str, data_dir: str, eval_fraction: float = 0.02, tex
   builder = LocalFilesBuilder(config=config, data_dir=data_dir, file_format='array_record')
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return f'{NAME}/{config.name}'
-
-
-def main(argv) -> int:
-  """`python -m hybrid_jax build-tfds PATHS DATA_DIR`: build the dataset and print the config flags to use it."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax build-tfds', description=main.__doc__)
-  parser.add_argument('paths', help='comma-separated .txt / .jsonl(.gz) files, directories or globs')
-  parser.add_argument('data_dir', type=checks.OUT_DIR,
-                      help='TFDS data_dir to write into')
-  parser.add_argument('--eval-fraction', type=checks.flag_number(positive=True, high=1), default=0.02,
-                      help='share of documents held out for eval (below 1)')
-  parser.add_argument('--text-field', default='text', help='JSONL field holding the text')
-  args = parser.parse_args(argv)
-  name = build_local_tfds(args.paths, args.data_dir, args.eval_fraction, args.text_field)
-  print(f'--config.data.source=tfds --config.data.tfds_name={name} --config.data.tfds_data_dir={args.data_dir}')
-  return 0

@@ -7,7 +7,7 @@ Loads the run's newest (or `--step`) checkpoint, runs each task at each context 
 from absl import logging
 
 from hybrid_jax import checks, command_line
-from hybrid_jax import runs as runs_lib
+from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.eval import suite
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.analysis import forward as forward_lib
+from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.eval import recall as recall_lib
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import tqdm
 
 from hybrid_jax import readers
-from hybrid_jax import runs as runs_lib
+from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.data import pipeline, sources
 from hybrid_jax.errors import UserError
 from hybrid_jax.eval import longbench, longppl, niah, perplexity, position, ruler

@@ -128,7 +128,7 @@ def export_run(workdir, out, *, step: int | None = None, arch: str = 'auto', dty
                max_shard_size=None) -> dict:
   """Exports a run's checkpoint (default: the newest) as a transformers checkpoint directory; `max_shard_size`
   (e.g. '5GB'; None = one file) shards the safetensors."""
-  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top  (jax and orbax only when needed)
+  from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top  (jax and orbax only when needed)
   max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
   config = runs.load_config(workdir)
   config_map.layer_plan(config.model)  # Refuse unexportable mixers before restoring any parameter.
@@ -187,7 +187,7 @@ def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable 
 
   `table`: the checkpoint's tensor names (default: its model_type's entry in weights.TABLES).
   """
-  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
   plan = config_map.plan_import(read_hf_config(path))
   table = table or weights.TABLES[plan.model_type]
   reader = TensorReader(path)
@@ -232,7 +232,7 @@ def import_hf(path, workdir, *, dtype: str = 'float32', table=None) -> dict:
   """
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
+  from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
   path, workdir = pathlib.Path(path), runs.local_workdir(workdir)
   if (workdir / 'config.json').exists() or (workdir / 'checkpoints').exists():
     raise HFError(f'{workdir} already holds a run; import into a new directory')

@@ -13,7 +13,7 @@ import csv
 import pathlib
 
 from hybrid_jax import checks, command_line, readers
-from hybrid_jax import runs as runs_lib
+from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.train import config_history
 

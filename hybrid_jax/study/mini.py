@@ -21,17 +21,18 @@ import dataclasses
 import json
 import os
 import pathlib
-import sys
 import time
 
 import numpy as np
 
-from hybrid_jax import checks, command_line, cores, runs as runs_lib, training
+from hybrid_jax import cores, training
+
+from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.config import CONFIG_DIR, ConfigError
-from hybrid_jax.data import pipeline, recall_store
+from hybrid_jax.data import pipeline, recall, recall_store
 from hybrid_jax.study import mini_report, mini_scoring as scoring, verdicts
 from hybrid_jax.study.presets import (ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS, Preset, extrapolation_data,
-                                      run_config, select_arches)
+                                      run_config)
 from hybrid_jax.sweep import local as sweep_local, members as sweep_members, record as sweep_record
 from hybrid_jax.sweep import runner as sweep_runner
 
@@ -131,7 +132,7 @@ def shared_documents(preset: Preset, seeds: int, labels: list[str], out_dir: pat
                               for seed_config in pending.values()])
     tic = time.perf_counter()
     data = next(iter(pending.values())).data  # The seed is not a data setting: one store serves every seed.
-    path = recall_store.build(data, 'train', indices, directory, cores.count())
+    path = recall.build_store(data, 'train', indices, directory, cores.count())
     if progress:
       print(f'{len(np.unique(indices)):,} training documents of seed(s) {list(pending)} in {path} '
             f'({time.perf_counter() - tic:.0f} s)', flush=True)
@@ -187,31 +188,3 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
   mini_plot.plot_seeds(report, out_dir / 'report_seeds.png')
   return report
 
-
-def main(argv) -> int:
-  """Run the mini-study: train, evaluate and report the preset's hybrids (and Full) on the recall task."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax study', description=__doc__)
-  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini', help='the study size')
-  parser.add_argument('--out', default=None, type=checks.OUT_DIR,
-                      help='output directory (default: runs/study_<preset>)')
-  parser.add_argument('--seeds', type=checks.POSITIVE_INT, default=None,
-                      help="number of seeds (0, 1, ...) per arch (default: the preset's)")
-  parser.add_argument('--arches', default=None,
-                      help=f'comma-separated subset of {", ".join(ARCHES)} (or their arch names; default: the '
-                      "preset's: every one-cycle arch for mini, all of them for mini-deep)")
-  parser.add_argument('--parallel', type=checks.POSITIVE_INT, default=None,
-                      help="runs trained at a time (default: the preset's): above 1, the runs not yet trained train "
-                      'in that many processes through the sweep runner (sweep run --sweep sweep:mini), '
-                      'then are scored here')
-  args = parser.parse_args(argv)
-  out = args.out or f'runs/study_{args.preset}'
-  parallel = PRESETS[args.preset].parallel if args.parallel is None else args.parallel
-  report = run_study(args.preset, out, seeds=args.seeds, arches=select_arches(args.arches, PRESETS[args.preset]),
-                     parallel=parallel)
-  print('\n'.join(report['table'] + [''] + report['findings']))
-  print(f'report: {out}/report.json, {out}/report.png')
-  return 0
-
-
-if __name__ == '__main__':
-  sys.exit(command_line.run(main, sys.argv[1:]))

@@ -1,7 +1,7 @@
 """The mini-study's numbers: one trained run scored, and the runs of each arch summarised over seeds.
 
 A run is scored on held-out recall documents by distance bucket (hybrid_jax.study.presets.BUCKETS): as trained,
-with its full-attention layers restricted to the small window (hybrid_jax.analysis.windowed), on documents twice
+with its full-attention layers restricted to the small window (hybrid_jax.inspection.windowed), on documents twice
 the training length, and by head ablation (hybrid_jax.eval.recall_mechanism). Its probe curves (logged during
 training) give when retrieval formed and the gradient signal that reached the full layers before it did.
 """
@@ -11,7 +11,7 @@ import pathlib
 import numpy as np
 
 from hybrid_jax.analysis import callbacks
-from hybrid_jax.analysis.windowed import Restriction
+from hybrid_jax.inspection.windowed import Restriction
 from hybrid_jax.eval import recall as recall_eval, recall_mechanism
 from hybrid_jax.study.presets import ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, Preset, extrapolation_data
 from hybrid_jax.study.verdicts import spread

@@ -25,27 +25,15 @@ writes one line per run, the hybrid_jax command that follows `--` in the launche
 
 import json
 import pathlib
-import re
 import shlex
 import sys
 
-from hybrid_jax import checks, command_line, readers
-from hybrid_jax.config import ConfigError, load_run, resolve_path
-from hybrid_jax.user_files import call_file_function, load_python_file
+from hybrid_jax import checks, command_line
+from hybrid_jax.compile_check import rows as compile_check_rows
+from hybrid_jax.config import ConfigError, load_run, load_sweep
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
-
-def sweep_runs(spec: str) -> list[str]:
-  """The run strings of a sweep `FILE[:NAME]`: FILE's `runs(NAME)` (NAME None when absent)."""
-  path, _, name = spec.partition(':')
-  module = load_python_file(resolve_path(path), 'sweep')
-  runs = list(call_file_function(module, 'runs', name or None, f'sweep file {path!r}', (list, tuple),
-                                 'a non-empty list of config strings'))
-  odd = next((r for r in runs if not isinstance(r, str)), None)
-  if not runs or odd is not None:
-    what = 'an empty list' if not runs else f'{type(odd).__name__} {odd!r} among its runs'
-    raise ConfigError(f'sweep {spec!r}: runs({name!r}) returned {what}; expected a non-empty list of config strings')
-  return runs
+from hybrid_jax.sweep import members as sweep_members
 
 
 def plan_run(run: str, tflops: float, mfu: float) -> dict:
@@ -61,22 +49,6 @@ def plan_run(run: str, tflops: float, mfu: float) -> dict:
           'tokens': tokens, 'non_embedding_params': n, 'tokens_per_param': tokens / n,
           'flops_per_token': per_token, 'training_flops': total,
           'accelerator_hours': total / (tflops * 1e12 * mfu) / 3600}
-
-
-FIT_ROW_KEYS = ('target', 'arch', 'scale', 'seq_len', 'batch_size', 'chips')  # What a plan reads of every row.
-
-
-def load_fit_rows(path, chip: str) -> dict:
-  """(arch, scale, seq_len) -> compile-check row on `chip` (e.g. 'v5p') from a compile-check JSON file."""
-  if not pathlib.Path(path).exists():
-    raise ConfigError(f'--fit {path}: no such file (write one with compile-check --json)')
-  checks.path(path, '--fit', kind='file')
-  rows = readers.read_json(path, '--fit', expect=list, required=FIT_ROW_KEYS,
-                           hint='expected a list of compile-check rows (compile-check --json)')
-  chips = sorted({r['target'].partition(':')[0] for r in rows})
-  if chip not in chips:
-    raise ConfigError(f'--fit {path}: no rows for --chip {chip}; it has {", ".join(chips) or "none"}')
-  return {(r['arch'], r['scale'], r['seq_len']): r for r in rows if r['target'].partition(':')[0] == chip}
 
 
 def tpu_estimate(run: dict, fit_row: dict | None, mfu: float) -> dict:
@@ -99,7 +71,7 @@ def make_plan(runs: list[str], tflops: float, mfu: float, fit_rows: dict | None 
   if not 0 < mfu <= 1:
     raise ConfigError(f'--mfu={mfu} must be in (0, 1] (a fraction, e.g. 0.4)')
   rows = [plan_run(r, tflops, mfu) for r in runs]
-  _unique_workdirs(rows)
+  sweep_members.unique_workdirs(rows)
   keys = ['tokens', 'steps', 'training_flops', 'accelerator_hours']
   if fit_rows is not None:
     for r in rows:
@@ -107,21 +79,6 @@ def make_plan(runs: list[str], tflops: float, mfu: float, fit_rows: dict | None 
     keys += ['tpu_wall_hours', 'tpu_chip_hours']
   total = {k: sum(r[k] or 0 for r in rows) for k in keys}
   return {'tflops': tflops, 'mfu': mfu, 'tpu': fit_rows is not None, 'runs': rows, 'total': total}
-
-
-def _unique_workdirs(rows):
-  """runs/<config name>; runs that share a name (e.g. same arch and scale, two budgets) get their config arg."""
-  names = [r['name'] for r in rows]
-  for r in rows:
-    name = r['name']
-    if names.count(name) > 1:
-      arg = '_'.join([r['spec'].partition(':')[2]] + [o.removeprefix('--config.') for o in r['overrides']])
-      name = f"{name}__{re.sub(r'[^A-Za-z0-9_.-]+', '-', arg).strip('-')}"
-    r['workdir'] = f'runs/{name}'
-  workdirs = [r['workdir'] for r in rows]
-  duplicate = next((w for w in workdirs if workdirs.count(w) > 1), None)
-  if duplicate:
-    raise ConfigError(f'two runs of the sweep are identical (workdir {duplicate}); remove the duplicate')
 
 
 def launch_lines(plan: dict) -> list[str]:
@@ -188,8 +145,8 @@ def main(argv=None) -> int:
                  help="compile-check rows (--json), e.g. docs/TPU_FIT.json: add TPU-hours")
   p.add_argument('--chip', default='v5p', help='with --fit: the TPU generation whose rows to use (default: v5p)')
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  runs = sweep_runs(args.sweep) if args.sweep else args.runs
-  plan = make_plan(runs, args.tflops, args.mfu, load_fit_rows(args.fit, args.chip) if args.fit else None)
+  runs = load_sweep(args.sweep) if args.sweep else args.runs
+  plan = make_plan(runs, args.tflops, args.mfu, compile_check_rows.load(args.fit, args.chip) if args.fit else None)
   print(table(plan))
   if args.launch_list:
     pathlib.Path(args.launch_list).write_text('\n'.join(launch_lines(plan)) + '\n')

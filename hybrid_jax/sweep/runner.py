@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from hybrid_jax import runs as runs_lib
+from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.sweep import outcome as outcome_lib, record
 from hybrid_jax.train import config_history
 

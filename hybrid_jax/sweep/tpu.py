@@ -20,7 +20,7 @@ import time
 
 from hybrid_jax import checks
 from hybrid_jax.config import CONFIG_DIR, ConfigError, packaged_config
-from hybrid_jax.study import plan
+from hybrid_jax.compile_check import rows as compile_check_rows
 from hybrid_jax.sweep import outcome
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ class TpuBackend:
     if not pathlib.Path(args.root).is_absolute():
       raise checks.InputError(f'--root={args.root} is invalid with --backend tpu: give the absolute path where the '
                               f'bucket is mounted on every worker and here, e.g. /mnt/{args.bucket}/SWEEP')
-    fit_rows = plan.load_fit_rows(args.fit, args.chip) if args.fit else None
+    fit_rows = compile_check_rows.load(args.fit, args.chip) if args.fit else None
     try:
       return cls(args, members, accelerators(members, fit_rows, args.accelerator),
                  say=lambda line: print(line, flush=True))

@@ -28,7 +28,7 @@ from hybrid_jax.models.flops import training_flops_per_token
 from hybrid_jax.models.mixers import registry
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import checkpoint, hooks as hooks_lib, metrics, optim, report, state as state_lib
-from hybrid_jax.train import session as session_lib, step as step_lib
+from hybrid_jax.train import runs, session as session_lib, step as step_lib
 
 
 class TrainingDiverged(UserError, RuntimeError):
@@ -94,7 +94,6 @@ def init_from_mismatch(run_dir, model_cfg) -> str | None:
   """Why parameters taken from `run_dir` compute something else in a model of `model_cfg` that has the same shapes
   (a mixer's constants that are not parameters, e.g. Lightning's decay rates: each registry entry's
   init_mismatch), or None. A run without a readable config is not judged."""
-  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
   try:
     source = runs.load_config(run_dir).model
   except runs.RunError:
@@ -105,7 +104,6 @@ def init_from_mismatch(run_dir, model_cfg) -> str | None:
 
 def _params_of_run(run_dir, params, model_cfg):
   """The newest checkpoint's parameters of another run, in the layout of `params` (e.g. for context extension)."""
-  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
   mismatch = init_from_mismatch(run_dir, model_cfg)
   if mismatch:
     logging.warning('%s', mismatch)
@@ -137,7 +135,6 @@ def train(config, workdir, hooks: hooks_lib.HookFactory | None = None) -> dict:
   The run holds `workdir` throughout; another trainer on it, or a resume that changes a key defining the run,
   stops before anything is restored (session.REFUSALS).
   """
-  from hybrid_jax import runs  # pylint: disable=g-import-not-at-top
   workdir = runs.local_workdir(workdir)
   validate(config)
   _check_vocab(config)

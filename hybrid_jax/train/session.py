@@ -13,10 +13,11 @@ import socket
 
 import jax
 
-from hybrid_jax import readers, runs
+from hybrid_jax import readers
+
 from hybrid_jax.errors import DataError
 from hybrid_jax.parallel import distributed
-from hybrid_jax.train import config_history, workdir_lock
+from hybrid_jax.train import config_history, runs, workdir_lock
 
 # What stops a session for the sake of its workdir's record (one line for the user, exit status 2): another
 # trainer holds it, the config would change the run, or (while training) another trainer took it over.

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.analysis import windowed
+from hybrid_jax.inspection import windowed
 from hybrid_jax.models import pattern
 from hybrid_jax.models.mixers import attention, registry
 

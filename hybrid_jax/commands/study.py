@@ -1,0 +1,30 @@
+"""`python -m hybrid_jax study`: the mini-study's runs, scores and verdicts on the study's mechanistic claims."""
+
+from hybrid_jax import checks, command_line
+from hybrid_jax.study import mini
+from hybrid_jax.study.presets import ARCHES, PRESETS, select_arches
+
+
+def main(argv) -> int:
+  """Run the mini-study: train, evaluate and report the preset's hybrids (and Full) on the recall task."""
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax study', description=mini.__doc__)
+  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini', help='the study size')
+  parser.add_argument('--out', default=None, type=checks.OUT_DIR,
+                      help='output directory (default: runs/study_<preset>)')
+  parser.add_argument('--seeds', type=checks.POSITIVE_INT, default=None,
+                      help="number of seeds (0, 1, ...) per arch (default: the preset's)")
+  parser.add_argument('--arches', default=None,
+                      help=f'comma-separated subset of {", ".join(ARCHES)} (or their arch names; default: the '
+                      "preset's: every one-cycle arch for mini, all of them for mini-deep)")
+  parser.add_argument('--parallel', type=checks.POSITIVE_INT, default=None,
+                      help="runs trained at a time (default: the preset's): above 1, the runs not yet trained train "
+                      'in that many processes through the sweep runner (sweep run --sweep sweep:mini), '
+                      'then are scored here')
+  args = parser.parse_args(argv)
+  out = args.out or f'runs/study_{args.preset}'
+  parallel = PRESETS[args.preset].parallel if args.parallel is None else args.parallel
+  report = mini.run_study(args.preset, out, seeds=args.seeds, arches=select_arches(args.arches, PRESETS[args.preset]),
+                     parallel=parallel)
+  print('\n'.join(report['table'] + [''] + report['findings']))
+  print(f'report: {out}/report.json, {out}/report.png')
+  return 0
