@@ -4,13 +4,13 @@ import shlex
 
 from hybrid_jax import checks, command_line
 from hybrid_jax.config import load_run
-from hybrid_jax.data import pretokenized
+from hybrid_jax.data import pretokenize as pretokenize_lib
 from hybrid_jax.data.pretokenize import DEFAULT_SHARD_TOKENS, pretokenize
 
 
 def main(argv) -> int:
   """`python -m hybrid_jax pretokenize --config=FILE[:ARG] [--config.KEY=VALUE ...] --out DIR`."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=pretokenized.__doc__.split('\n\n')[0],
+  parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=pretokenize_lib.__doc__.split('\n\n')[0],
                                        epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
                                        '--config as for train.')
   parser.add_argument('--config', required=True, help='config file[:arg], as for train')

@@ -1,7 +1,7 @@
-"""Tokenize a corpus once (the `pretokenize` command): every split of a text source written as ArrayRecord shards of
-token documents plus a manifest, the format hybrid_jax.data.pretokenized reads back.
+"""Tokenize a corpus once: ArrayRecord shards of token documents plus a manifest, read back as a training source.
 
-At study scale the same corpus would otherwise be tokenized by every run.
+The `pretokenize` command writes every split of a text source in this format; hybrid_jax.data.pretokenized reads it
+back (data.source='pretokenized'). At study scale the same corpus would otherwise be tokenized by every run.
 
     python -m hybrid_jax pretokenize --config=hybrid:arch=swa128_nope,scale=s1 \\
         --config.data.source=parquet --config.data.paths='corpus/*.parquet' \\
