@@ -60,7 +60,7 @@ def sub_commands(parser):
 
 def leaf_parsers(capsys):
   """{command words: parser} of every command and sub-command, found through their --help."""
-  found, todo = {}, [[c] for c in [*cli.COMMANDS, *cli.RAW_COMMANDS]]
+  found, todo = {}, [[c] for c in [*cli.COMMANDS]]
   while todo:
     words = todo.pop()
     with parsers_seen() as seen:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hybrid_jax import cli as top_cli, command_line
-from hybrid_jax.analysis import cli
+from hybrid_jax.commands import analyze as cli
 
 FAST = ['--no-progress', '--batch-size', '8']
 
@@ -21,7 +21,7 @@ def _outputs(workdir, name):
 
 
 def test_analyze_is_registered():
-  assert top_cli.RAW_COMMANDS['analyze'] == 'hybrid_jax.analysis.cli:main'
+  assert top_cli.COMMANDS['analyze'][0] == 'hybrid_jax.commands.analyze'
 
 
 def test_retrieval_heads_end_to_end(tiny_run):

@@ -11,6 +11,7 @@ import pytest
 from hybrid_jax import cli
 from hybrid_jax.analysis import scaling_law
 from hybrid_jax.config import BASE_CONFIG
+from hybrid_jax.commands import config_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HYBRID = f'{ROOT}/configs/hybrid.py'
@@ -38,7 +39,7 @@ def _assert_user_error(out, *fragments):
 def test_top_level_help_lists_every_command():
   out = _run('--help')
   assert out.returncode == 0, out.stderr
-  for name in [*cli.COMMANDS, *cli.RAW_COMMANDS]:
+  for name in [*cli.COMMANDS]:
     assert f'\n  {name} ' in out.stdout, name
 
 
@@ -71,7 +72,7 @@ def test_packaged_configs_by_name_from_another_directory(tmp_path, capsys):
 
 def test_every_command_help_exits_0_in_process(capsys):
   """The same parsers, in one process (a subprocess each would cost seconds): every flag has a help line."""
-  for command in [*cli.COMMANDS, *cli.RAW_COMMANDS, 'bench attention', 'bench scan', 'bench decode', 'bench step',
+  for command in [*cli.COMMANDS, 'bench attention', 'bench scan', 'bench decode', 'bench step',
                   'bench data', 'hf export', 'hf import', 'analyze probing']:
     with pytest.raises(SystemExit) as exit_info:
       cli.main(['hybrid_jax', *command.split(), '--help'])
@@ -126,14 +127,14 @@ def test_a_url_workdir_is_refused_without_making_a_local_folder(tmp_path, comman
 
 
 def test_derived_defaults_follow_an_override_of_steps():
-  default = cli.load_config(cli.DEFAULT_CONFIG, [])
+  default = config_flags.load_config(config_flags.DEFAULT_CONFIG, [])
   assert (default.train.steps, default.train.warmup_steps, default.train.eval_every,
           default.train.checkpoint_every) == (300, 30, 100, 100)  # The main job, as BENCHMARKS.md records it.
-  short = cli.load_config(cli.DEFAULT_CONFIG, ['--config.train.steps=2'])
+  short = config_flags.load_config(config_flags.DEFAULT_CONFIG, ['--config.train.steps=2'])
   assert (short.train.warmup_steps, short.train.eval_every, short.train.checkpoint_every) == (0, 1, 1)
-  long = cli.load_config(cli.DEFAULT_CONFIG, ['--config.train.steps', '1000'])
+  long = config_flags.load_config(config_flags.DEFAULT_CONFIG, ['--config.train.steps', '1000'])
   assert (long.train.warmup_steps, long.train.eval_every, long.train.checkpoint_every) == (100, 334, 334)
-  explicit = cli.load_config(cli.DEFAULT_CONFIG, ['--config.train.warmup_steps=7', '--config.train.steps=50'])
+  explicit = config_flags.load_config(config_flags.DEFAULT_CONFIG, ['--config.train.warmup_steps=7', '--config.train.steps=50'])
   assert (explicit.train.warmup_steps, explicit.train.eval_every) == (7, 17)
 
 

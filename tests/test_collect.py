@@ -10,6 +10,7 @@ from hybrid_jax import command_line
 from hybrid_jax.analysis import scaling_law
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.study import collect
+from hybrid_jax.commands import collect as collect_command
 
 
 def _copy_run(tiny_run, tmp_path, name, evals):
@@ -30,7 +31,7 @@ def test_collect_rows_and_fit_reads_them(tiny_run, tmp_path, capsys):
       'ppl': {'by_context': {'512': {'loss': 2.5, 'packed_loss': 2.75, 'loss_by_position': []}}}})
   b = _copy_run(tiny_run, tmp_path, 'b', {'longbench': {'by_context': {'16384': {'plain_mean': 12.25}}}})
   out = tmp_path / 'results.tsv'
-  assert collect.main([str(a), str(b), '--out', str(out)]) == 0
+  assert collect_command.main([str(a), str(b), '--out', str(out)]) == 0
   rows = list(csv.DictReader(out.open(), delimiter='\t'))
   report = json.loads((tiny_run / 'report.json').read_text())
   config = json.loads((tiny_run / 'config.json').read_text())
@@ -52,11 +53,11 @@ def test_collect_rows_and_fit_reads_them(tiny_run, tmp_path, capsys):
 
 
 def test_collect_errors(tiny_run, tmp_path, capsys):
-  assert command_line.run(collect.main, [str(tmp_path), '--out', str(tmp_path / 'x.tsv')]) == 2
+  assert command_line.run(collect_command.main, [str(tmp_path), '--out', str(tmp_path / 'x.tsv')]) == 2
   assert 'no config.json' in capsys.readouterr().err
   run = tmp_path / 'unfinished'
   shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns('checkpoints', 'report.json'))
-  assert command_line.run(collect.main, [str(run), '--out', str(tmp_path / 'x.tsv')]) == 2
+  assert command_line.run(collect_command.main, [str(run), '--out', str(tmp_path / 'x.tsv')]) == 2
   assert 'no report.json' in capsys.readouterr().err
 
 

@@ -14,6 +14,7 @@ from hybrid_jax.compile_check import estimate as estimate_lib, fit as compile_ch
 from hybrid_jax.models import flops
 from hybrid_jax.parallel import chips, mesh as mesh_lib
 from hybrid_jax.train import state as state_lib, step as step_lib
+from hybrid_jax.commands import config_flags
 from tests.conftest import ROOT, study_config
 
 
@@ -74,7 +75,7 @@ def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
   advice = capsys.readouterr().err.split('; fits with ')[1].strip()
   assert advice == ('model.remat=minimal, train.grad_accum=4 (micro-batch 2 per chip): add --config.model.remat=minimal '
                     '--config.train.grad_accum=4')
-  fixed = cli.load_config(argv[0].split('=', 1)[1], argv[2:] + advice.split(': add ')[1].split())
+  fixed = config_flags.load_config(argv[0].split('=', 1)[1], argv[2:] + advice.split(': add ')[1].split())
   assert fixed.train.grad_accum == 4 and fixed.model.remat == 'minimal' and compile_step(fixed, CPU)['fits']
 
 

@@ -14,7 +14,8 @@ from hybrid_jax import command_line
 from hybrid_jax.train import runs
 from hybrid_jax.data import catalog, pipeline
 from hybrid_jax.data.tokenizers import ByteTokenizer
-from hybrid_jax.eval import cli, suite
+from hybrid_jax.commands import eval as cli
+from hybrid_jax.eval import suite
 from hybrid_jax.eval.scoring import ModelScorer
 from hybrid_jax.train import state as state_lib
 

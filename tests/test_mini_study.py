@@ -14,7 +14,8 @@ from hybrid_jax.errors import UserError
 from hybrid_jax.models import counting, pattern
 from hybrid_jax.models.mixers import attention
 from hybrid_jax.study import mini, mini_scoring as scoring, presets
-from hybrid_jax.sweep import cli as sweep_cli, members as sweep_members
+from hybrid_jax.commands import sweep as sweep_cli
+from hybrid_jax.sweep import members as sweep_members
 from tests.conftest import ROOT
 
 

@@ -8,6 +8,7 @@ import pytest
 from hybrid_jax import cli, config as config_lib
 from hybrid_jax.compile_check import rows as compile_check_rows
 from hybrid_jax.study import plan
+from hybrid_jax.commands import plan as plan_command
 from tests.conftest import ROOT
 
 TINY = f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny'
@@ -56,7 +57,7 @@ def test_sweep_file_and_cli(tmp_path, capsys):
   gdn = TINY.replace('swa128_nope', 'gdn')
   sweep.write_text(f"def runs(name):\n  assert name == 'mini'\n  return [{TINY!r}, {gdn!r}]\n")
   out = tmp_path / 'launch.txt'
-  assert plan.main(['--sweep', f'{sweep}:mini', '--tflops', '100', '--mfu', '0.5', '--launch-list', str(out)]) == 0
+  assert plan_command.main(['--sweep', f'{sweep}:mini', '--tflops', '100', '--mfu', '0.5', '--launch-list', str(out)]) == 0
   lines = out.read_text().splitlines()
   assert len(lines) == 2 and 'arch=gdn' in lines[1] and lines[1].endswith('--workdir=runs/gdn_tiny')
   assert '| swa128_nope_tiny | 512 | 8 | 300 |' in capsys.readouterr().out
@@ -71,7 +72,7 @@ def test_the_packaged_sweeps_by_name_from_any_directory(tmp_path, monkeypatch, c
     assert runs == config_lib.load_sweep(f'{ROOT}/configs/sweep.py:{name}')
     assert all(r.startswith('mini:' if name.startswith('mini') else 'hybrid:') for r in runs)
   out = tmp_path / 'launch.txt'
-  assert plan.main(['--sweep', 'sweep:s5', '--launch-list', str(out)]) == 0
+  assert plan_command.main(['--sweep', 'sweep:s5', '--launch-list', str(out)]) == 0
   lines = out.read_text().splitlines()
   assert len(lines) == 8
   assert lines[0] == 'train --config=hybrid:arch=full,scale=s5,tokens=1e+11 --workdir=runs/full_s5_1e+11tok'
@@ -124,7 +125,7 @@ def test_tpu_hours_from_compile_check_rows(tmp_path, capsys):
   assert gdn_row['tpu_chip_hours'] == pytest.approx(8 * 900 / 3600)
   assert full_row['tpu_target'] is None and full_row['tpu_chip_hours'] is None
   assert p['total']['tpu_chip_hours'] == pytest.approx((2400 + 7200) / 3600)
-  assert plan.main(['--runs', TINY, gdn, '--fit', str(fit), '--chip', 'v6e', '--mfu', '0.5']) == 0
+  assert plan_command.main(['--runs', TINY, gdn, '--fit', str(fit), '--chip', 'v6e', '--mfu', '0.5']) == 0
   out = capsys.readouterr().out
   assert '| v6e:2x4 | 8.25 | 66 |' in out and '| no compile-check row | - | - |' in out  # 300 x 99 x 0.5 / 0.5 s.
 

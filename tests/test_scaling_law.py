@@ -12,6 +12,7 @@ from scipy import optimize, special
 
 from hybrid_jax import command_line
 from hybrid_jax.analysis import scaling_law
+from hybrid_jax.commands import fit as fit_command
 from tests.conftest import ROOT
 
 STUDY_FILE = ROOT / 'tests' / 'data' / 'swa128_longppl.tsv'
@@ -203,18 +204,18 @@ def test_fits_the_studys_released_points_and_predicts_the_held_out_size():
 def test_cli_prints_the_json_and_writes_the_plot(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(scaling_law, 'GRID', {**scaling_law.GRID, **SMALL_GRID})
   plot = tmp_path / f'{STUDY_FILE.stem}_fit.png'
-  assert scaling_law.main(['--data', str(STUDY_FILE), '--log-metric', '--out', str(tmp_path)]) == 0
+  assert fit_command.main(['--data', str(STUDY_FILE), '--log-metric', '--out', str(tmp_path)]) == 0
   result = json.loads(capsys.readouterr().out)
   for key in ('b', 'alpha', 'c', 'beta', 'r2_train', 'rmse_train', 'mae_train', 'r2_holdout', 'rmse_holdout',
               'mae_holdout'):
     assert isinstance(result[key], float), key
   assert 'polish' not in result and 'note' not in result
   assert plot.stat().st_size > 1000
-  assert scaling_law.main(['--data', str(STUDY_FILE), '--log-metric', '--polish', '--out', str(tmp_path)]) == 0
+  assert fit_command.main(['--data', str(STUDY_FILE), '--log-metric', '--polish', '--out', str(tmp_path)]) == 0
   polished = json.loads(capsys.readouterr().out)
   assert {k: polished[k] for k in result if k != 'plot'} == {k: result[k] for k in result if k != 'plot'}
   assert polished['polish']['loss'] <= polished['loss'] and 'released fitting procedure' in polished['note']
-  assert scaling_law.main(['--data', str(STUDY_FILE), '--formula', 'chinchilla', '--out', str(tmp_path)]) == 0
+  assert fit_command.main(['--data', str(STUDY_FILE), '--formula', 'chinchilla', '--out', str(tmp_path)]) == 0
   assert 'a' in json.loads(capsys.readouterr().out)
 
 
@@ -227,7 +228,7 @@ def test_cli_prints_the_json_and_writes_the_plot(tmp_path, monkeypatch, capsys):
 def test_bad_data_gets_a_clear_error(tmp_path, capsys, content, message):
   path = tmp_path / 'points.tsv'
   path.write_text(content)
-  assert command_line.run(scaling_law.main, ['--data', str(path), '--out', str(tmp_path / 'out')]) == 2
+  assert command_line.run(fit_command.main, ['--data', str(path), '--out', str(tmp_path / 'out')]) == 2
   err = capsys.readouterr().err
   assert message in err and err.startswith('error: ') and err.count('\n') == 1
 
@@ -242,7 +243,7 @@ def test_missing_file_and_log_of_small_values():
 @pytest.mark.parametrize('bounds', ['0.3,0.2', '0.2', '0.2,0.25,0.3'])
 def test_alpha_bounds_must_be_two_increasing_numbers(tmp_path, capsys, bounds):
   argv = ['--data', str(STUDY_FILE), '--alpha-bounds', bounds, '--out', str(tmp_path / 'out')]
-  assert command_line.run(scaling_law.main, argv) == 2
+  assert command_line.run(fit_command.main, argv) == 2
   err = capsys.readouterr().err
   assert err == f'error: --alpha-bounds={bounds} is invalid: give two numbers, lower < upper, e.g. 0.2,0.3\n'
   assert not (tmp_path / 'out').exists()

@@ -14,7 +14,8 @@ import zlib
 import pytest
 
 from hybrid_jax.config import CONFIG_DIR
-from hybrid_jax.sweep import cli as sweep_cli, local, outcome as outcome_lib, record, runner, status, tpu
+from hybrid_jax.commands import sweep as sweep_cli
+from hybrid_jax.sweep import local, outcome as outcome_lib, record, runner, status, tpu
 from hybrid_jax.sweep import wandb_sink
 from hybrid_jax.train import metrics
 from tests.conftest import ROOT, SMALL, wait_for

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from hybrid_jax import checks, cli
+from hybrid_jax import checks
+from hybrid_jax.commands import config_flags
 from tests.cli_walk import assert_one_line, leaf_parsers, run_main, parsers_seen
 from tests.conftest import ROOT, train_command
 
@@ -117,7 +118,7 @@ def _numeric_keys():
       elif isinstance(value, (int, float)) and not isinstance(value, bool):
         keys.append((f'{prefix}{key}', value))
 
-  walk(cli.load_config(cli.DEFAULT_CONFIG, []), '')
+  walk(config_flags.load_config(config_flags.DEFAULT_CONFIG, []), '')
   return keys
 
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from hybrid_jax import cli
+from hybrid_jax.commands import config_flags
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from tests.cli_walk import assert_one_line, leaf_parsers, parsers_seen, run_main
 
@@ -155,7 +155,7 @@ def test_every_choice_key_refuses_an_unknown_value_whatever_the_arch():
   free_text = {'name', 'model.arch', 'model.scale', 'data.paths', 'data.tokenizer', 'data.text_field',
                'data.tfds_name', 'data.tfds_data_dir', 'data.tfds_train_split', 'data.tfds_eval_split',
                'data.recall.filler', 'data.recall.filler_random', 'train.init_from', 'parallel.distributed.coordinator_address'}
-  config = cli.load_config(cli.DEFAULT_CONFIG, [])
+  config = config_flags.load_config(config_flags.DEFAULT_CONFIG, [])
   keys = []
 
   def walk(node, prefix):
@@ -169,4 +169,4 @@ def test_every_choice_key_refuses_an_unknown_value_whatever_the_arch():
   assert 'model.lightning.decay_rates' in keys and 'data.recall.distance_ranges' in keys
   for key in keys:
     with pytest.raises(ConfigError, match=key.replace('.', r'\.')):
-      cli.load_config(cli.DEFAULT_CONFIG, [f'--config.{key}=nosuch'])
+      config_flags.load_config(config_flags.DEFAULT_CONFIG, [f'--config.{key}=nosuch'])

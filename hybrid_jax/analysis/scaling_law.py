@@ -13,7 +13,6 @@ magnitude of N and D. Goodness of fit (R², RMSE, MAE) is reported on y itself (
 
 import dataclasses
 import itertools
-import json
 import math
 import pathlib
 import re
@@ -22,8 +21,8 @@ import numpy as np
 from scipy import optimize, special
 from threadpoolctl import threadpool_limits
 
-from hybrid_jax import checks, command_line, readers
-from hybrid_jax.errors import InputError, UserError
+from hybrid_jax import readers
+from hybrid_jax.errors import UserError
 
 FORMULAS = ('no_constant', 'chinchilla')
 HUBER_DELTA = 1e-3
@@ -303,39 +302,3 @@ def plot_fit(points: Points, coefs: dict, path, *, ylabel='metric') -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
-
-
-def main(argv) -> int:
-  """`python -m hybrid_jax fit --data FILE [--polish] [--out DIR]`: prints the fit as one JSON object and plots it in
-  DIR. The fit is the study's released procedure; --polish adds the objective's minimum beside it."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax fit', description=main.__doc__)
-  parser.add_argument('--data', required=True, type=checks.IN_FILE,
-                      help='TSV/CSV/JSON with n (or N), tokens/D or token_multiplier, and the metric column')
-  parser.add_argument('--formula', choices=FORMULAS, default='no_constant', help='the law fitted')
-  parser.add_argument('--metric-column', default='loss', help='column of the metric fitted')
-  parser.add_argument('--log-metric', action='store_true', help='fit ln(metric), e.g. ln(LongPPL)')
-  parser.add_argument('--holdout', choices=('largest', 'none'), default='largest', 
-                      help='points left out of the fit and scored: the largest model, or none')
-  parser.add_argument('--alpha-bounds', default=[0.2, 0.3], type=checks.flag_numbers(nonnegative=True),
-                      help='lower,upper bound of alpha')
-  parser.add_argument('--polish', action='store_true',
-                      help="also minimise the objective to convergence and report that fit under 'polish', beside "
-                      "the released procedure's (which stops short of the minimum)")
-  parser.add_argument('--out', default='.', type=checks.OUT_DIR,
-                      help='folder for the outputs (the plot <data stem>_fit.png)')
-  args = parser.parse_args(argv)
-  if len(args.alpha_bounds) != 2 or not args.alpha_bounds[0] < args.alpha_bounds[1]:
-    raise InputError(f'--alpha-bounds={",".join(map(str, args.alpha_bounds))} is invalid: give two numbers, '
-                     'lower < upper, e.g. 0.2,0.3')
-  low, high = args.alpha_bounds
-  points = load_points(args.data, metric_column=args.metric_column, log_metric=args.log_metric)
-  result = fit_and_score(points, formula=args.formula, holdout=args.holdout, alpha_bounds=(low, high),
-                         polish_fit=args.polish)
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  plot = out / f'{pathlib.Path(args.data).stem}_fit.png'
-  ylabel = f'ln({args.metric_column})' if args.log_metric else args.metric_column
-  plot_fit(points, result, plot, ylabel=ylabel)
-  result['plot'] = str(plot)
-  print(json.dumps(result, indent=2))
-  return 0

@@ -9,7 +9,7 @@ from hybrid_jax.data.pretokenize import DEFAULT_SHARD_TOKENS, pretokenize
 
 
 def main(argv) -> int:
-  """`python -m hybrid_jax pretokenize --config=FILE[:ARG] [--config.KEY=VALUE ...] --out DIR`."""
+  """Tokenize a corpus once into ArrayRecord shards (data.source=pretokenized)."""
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=pretokenize_lib.__doc__.split('\n\n')[0],
                                        epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
                                        '--config as for train.')

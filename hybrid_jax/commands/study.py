@@ -6,7 +6,7 @@ from hybrid_jax.study.presets import ARCHES, PRESETS, select_arches
 
 
 def main(argv) -> int:
-  """Run the mini-study: train, evaluate and report the preset's hybrids (and Full) on the recall task."""
+  """The mini-study: every arch on the recall task, verdicts on the study's mechanistic claims."""
   parser = command_line.ArgumentParser(prog='python -m hybrid_jax study', description=mini.__doc__)
   parser.add_argument('--preset', choices=sorted(PRESETS), default='mini', help='the study size')
   parser.add_argument('--out', default=None, type=checks.OUT_DIR,

@@ -12,7 +12,7 @@ resume changed ('train.lr@13': from step 13 on; empty when the run trained as co
 import csv
 import pathlib
 
-from hybrid_jax import checks, command_line, readers
+from hybrid_jax import readers
 from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.train import config_history
@@ -90,17 +90,3 @@ def write_table(rows: list[dict], path) -> list[str]:
     writer.writeheader()
     writer.writerows(rows)
   return columns
-
-
-def main(argv) -> int:
-  """Gather the final metrics of run directories into one TSV table."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax collect', description=__doc__)
-  parser.add_argument('workdirs', nargs='+', type=checks.IN_DIR,
-                      help='run directories (config.json, report.json, eval/)')
-  parser.add_argument('--out', required=True, type=checks.OUT_FILE,
-                      help='output TSV path')
-  args = parser.parse_args(argv)
-  rows = collect(args.workdirs)
-  columns = write_table(rows, args.out)
-  print(f'{len(rows)} runs, {len(columns)} columns -> {args.out}')
-  return 0

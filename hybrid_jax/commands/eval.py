@@ -61,7 +61,7 @@ def build_parser() -> command_line.ArgumentParser:
 
 
 def main(argv) -> int:
-  """Evaluate a trained run on the chosen tasks."""
+  """Evaluate a run: perplexity, long-context perplexity, NIAH, RULER, LongBench."""
   args = build_parser().parse_args(argv)
   logging.set_verbosity(logging.ERROR)  # Orbax's read-only notes would bury the summary.
   requests = suite.parse_tasks(args.tasks)

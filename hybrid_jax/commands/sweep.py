@@ -76,7 +76,7 @@ def run(argv) -> int:
 
 
 def main(argv) -> int:
-  """`sweep run ...` or `sweep status ...`."""
+  """Run every run of a sweep (local or Cloud TPU, resumable), or print where each stands."""
   p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep', description=__doc__)
   p.add_argument('command', choices=('run', 'status'), help='run: start or resume the runs; status: where each stands')
   p.add_argument('args', nargs='...', help="the command's flags")

@@ -57,6 +57,7 @@ def _parser() -> command_line.ArgumentParser:
 
 
 def main(argv) -> int:
+  """Export a run as a transformers checkpoint, or import one as a run."""
   args = _parser().parse_args(argv)
   if args.action == 'export':
     checks.path(args.out, '--out', exists=False, outside=f'{args.workdir}/checkpoints')  # Not into the run's own.

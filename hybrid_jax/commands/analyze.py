@@ -129,6 +129,7 @@ def _summary(tool, result) -> str:
 
 
 def main(argv=None) -> int:
+  """Dissect a trained run: probing, restriction, tracing, retrieval heads, influence."""
   args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
   if getattr(args, 'workdir', None) and not args.out:  # Refused before minutes of analysis, not after.
     checks.path(f'{args.workdir}/analysis', '--out (default: WORKDIR/analysis)', kind='dir', exists=False,
