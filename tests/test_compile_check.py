@@ -8,13 +8,12 @@ import sys
 import jax
 import pytest
 
-from hybrid_jax import cli
 from hybrid_jax.config import validate
 from hybrid_jax.compile_check import estimate as estimate_lib, fit as compile_check
 from hybrid_jax.models import flops
 from hybrid_jax.parallel import chips, mesh as mesh_lib
 from hybrid_jax.train import state as state_lib, step as step_lib
-from hybrid_jax.commands import config_flags
+from hybrid_jax.commands import compile_check as compile_check_command, config_flags
 from tests.conftest import ROOT, study_config
 
 
@@ -71,7 +70,7 @@ def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
   monkeypatch.setattr(compile_check, 'compile_step', compile_step)
   argv = [f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--devices=1',
           '--config.train.batch_size=8', '--config.data.seq_len=64']
-  assert cli._run_config_command('compile-check', argv) == 3
+  assert compile_check_command.main(argv) == 3
   advice = capsys.readouterr().err.split('; fits with ')[1].strip()
   assert advice == ('model.remat=minimal, train.grad_accum=4 (micro-batch 2 per chip): add --config.model.remat=minimal '
                     '--config.train.grad_accum=4')

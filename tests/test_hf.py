@@ -19,7 +19,8 @@ from hybrid_jax import cli as hybrid_jax_cli, command_line
 from hybrid_jax.train import runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
-from hybrid_jax.hf import HFError, cli, config_map, io, weights
+from hybrid_jax.commands import hf as cli
+from hybrid_jax.hf import HFError, config_map, io, weights
 from hybrid_jax.train import state as state_lib
 
 DATA = pathlib.Path(__file__).parent / 'data' / 'hf'
