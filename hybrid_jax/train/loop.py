@@ -154,13 +154,14 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   warn_if_slow_on_cpu(config)
 
   mesh = mesh_lib.make_mesh(config.parallel)
-  mesh_lib.check_batch(t, dict(mesh.shape), rules_lib.parse_rules(config.parallel.rules))
+  rules = rules_lib.parse_rules(config.parallel.rules)
+  mesh_lib.check_batch(t, dict(mesh.shape), rules)
   model_def = state_lib.make_model_def(config.model)
-  unsplit = mesh_lib.unsplit_warning(model_def, rules_lib.parse_rules(config.parallel.rules), dict(mesh.shape))
+  unsplit = mesh_lib.unsplit_warning(model_def, rules, dict(mesh.shape))
   if unsplit and lead:
     logging.warning('%s', unsplit)
   tx = optim.make_optimizer(t)
-  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules_lib.parse_rules(config.parallel.rules),
+  shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules,
                                        bool(config.parallel.shard_optimizer))
   data_iter = iter(make_train_dataset(config, process_index=jax.process_index(), process_count=jax.process_count()))
   ckpt = checkpoint.Checkpointer(workdir / 'checkpoints', keep=t.keep_checkpoints, async_save=t.async_checkpointing)

@@ -9,15 +9,15 @@ module in `model.mixer_modules` (docs/ARCHITECTURE.md, "Adding a mixer").
 
 The built-in kinds are the modules of this package (hybrid_jax/models/mixers/*.py), imported the first time the
 registry is read, so a new built-in mixer is one file here. This module imports nothing from the project but the
-errors at load time, so every layer can read it without an import circle.
+ground floor (errors, config_keys) at load time, so every layer can read it without an import circle.
 """
 
 import dataclasses
 import importlib
-import math
 import pkgutil
 from typing import Any, Callable, Mapping
 
+from hybrid_jax import config_keys
 from hybrid_jax.errors import ConfigError, invalid_config
 
 ROLES = ('full', 'efficient', 'headwise')  # A layer's role in the study's analyses.
@@ -25,34 +25,24 @@ ROLES = ('full', 'efficient', 'headwise')  # A layer's role in the study's analy
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-  """One key of a mixer's config section: its default, its doc and its check (`check(value) -> None | str`, the
-  string saying what is allowed when the value is not)."""
+  """One key of a mixer's config section: its default, its doc and its check, one of hybrid_jax.config_keys' key
+  checks (`check(config, dotted_key)`, raising ConfigError in the project's one wording)."""
   default: Any
   doc: str
-  check: Callable[[Any], str | None]
+  check: Callable[[Mapping, str], Any]
 
 
 def positive_int(default: int, doc: str) -> Field:
-  def check(value):
-    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return None if ok else 'must be a positive integer'
-  return Field(default, doc, check)
+  return Field(default, doc, config_keys.positive_int)
 
 
 def boolean(default: bool, doc: str) -> Field:
-  return Field(default, doc, lambda value: None if isinstance(value, bool) else 'must be True or False')
+  return Field(default, doc, config_keys.boolean)
 
 
 def choice(default: str, allowed, doc: str) -> Field:
   allowed = tuple(allowed)
-  return Field(default, doc, lambda value: None if value in allowed else f'allowed: {", ".join(allowed)}')
-
-
-def positive_number(default: float, doc: str) -> Field:
-  def check(value):
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0)
-    return None if ok else 'must be a positive finite number'
-  return Field(float(default), doc, check)
+  return Field(default, doc, lambda config, key: config_keys.choice(config, key, allowed))
 
 
 def _no_check(model_cfg, used: bool):
@@ -191,15 +181,10 @@ def validate(model_cfg) -> None:
     if not isinstance(name, str) or name not in known:
       raise invalid_config('model.cycle', model_cfg.cycle, f'unknown kind {name!r}; allowed kinds: {", ".join(known)} '
                     '(a kind defined outside the package loads through config.model.mixer_modules)')
+  config = {'model': model_cfg}  # What config_keys' dotted keys start from.
   for kind in known.values():
     for field_name, field in kind.fields.items():
-      key = f'model.{kind.section}.{field_name}'
-      if field_name not in model_cfg[kind.section]:
-        raise ConfigError(f'config.{key} is missing (start from the packaged base config, which defines every key)')
-      value = model_cfg[kind.section][field_name]
-      problem = field.check(value)
-      if problem:
-        raise invalid_config(key, value, problem)
+      field.check(config, f'model.{kind.section}.{field_name}')
     kind.validate(model_cfg, kind.name in cycle)
 
 
