@@ -9,7 +9,21 @@ Needs Python 3.11 with torch and transformers >= 5.15 (GraniteSWA); the test sui
 `--build` first writes the transformers-side fixtures (tiny random models saved by `save_pretrained`: a tied Llama
 with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3, a
 GraniteSWA with every scaling away from its plain value, a full-attention GraniteSWA with MiniCPM's scalings, a
-GraniteSWA with learned (finite) attention sinks).
+GraniteSWA with learned (finite) attention sinks), then five dense recurrent hybrids, each with a `decode_logits`
+reference (below):
+  hf_qwen3_5 (qwen3_5_text): 3 Gated DeltaNet layers then 1 full-attention layer; GDN with 4 value heads over 2 key
+    heads, key dim 8 != value dim 6, conv 4; attention with its sigmoid output gate (interleaved per head in q_proj),
+    per-head zero-centred q/k norm, partial RoPE 0.25 of head_dim 16 (4 dims); zero-centred `1 + weight` RMSNorms
+    (drawn around 0), a plain-weight gated GDN output norm; untied.
+  hf_olmo_hybrid (olmo_hybrid): GDN, GDN, attention, GDN; separate q/k/v/a/b/g projections, per-q/k/v conv weights
+    (rewritten to the released split, see split_olmo_hybrid_conv), beta in [0, 2] (allow_neg_eigval), key dim 4 !=
+    value dim 8; post-norm attention layers (no input norm) with q/k RMSNorm over the whole projection, RoPE; untied.
+  hf_nemotron_h (nemotron_h): "M-M*M-": Mamba-2 (4 heads of 4, 2 groups, state 8, conv bias), squared-ReLU MLP
+    blocks, one attention block without RoPE; one norm per block; untied.
+  hf_bamba (bamba): Mamba-2 (expand 2, 2 groups, conv bias) with attention only at layer 2 (attn_layer_indices [2]),
+    partial RoPE 0.5 of head_dim 8; SwiGLU MLP in every layer; untied.
+  hf_granite_hybrid (granitemoehybrid): dense (num_local_experts 0, shared MLP only), mamba, mamba, NoPE attention,
+    mamba; embedding/residual/attention multipliers and logits_scaling away from 1; Mamba-2 expand 1, 2 groups; tied.
 `--only` limits building and references to the named fixture directories.
 
 `--compare DIR ...`: the re-load check of exports written by `scripts/hf_export_fixtures.py --run`: loads DIR in
@@ -27,6 +41,12 @@ Then, for every directory given (or every checkpoint directory under it), it loa
 AutoModelForCausalLM in float32 and writes `reference.safetensors`: `tokens` [2, N] (int32; N = --length, default
 16), `logits` [2, N, vocab] from the eager attention path, and `greedy` [2, 8]: 8 greedily generated tokens per row. It
 prints how far the sdpa path's logits are from the eager ones (where the class has an sdpa path).
+For the recurrent hybrids (DECODED) it also writes `decode_logits` [2, N, vocab] (float32): the tokens fed one at a time
+through the model's own cache (use_cache=True, the first call the first token alone, explicit position_ids) and
+prints their max |difference| from `logits`, the same without position_ids (Bamba's forward does not offset its
+default positions by the cache length, so its cached decode needs them), and whether `greedy` equals the argmax
+tokens recomputed without a cache. The Mamba-2 and GDN paths are transformers' torch fallbacks (no mamba_ssm,
+causal_conv1d or fla), which only log that they are slower.
 """
 
 import json
@@ -41,6 +61,7 @@ import safetensors.numpy
 import torch
 import transformers
 
+DROP = object()  # a SMALL field that the fixture leaves out of its config
 SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
              head_dim=8, max_position_embeddings=64, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 BUILT = {
@@ -80,8 +101,54 @@ BUILT = {
         layer_types=['sliding_attention', 'full_attention', 'sliding_attention'],
         layer_rope_theta=[10000.0, 0, 10000.0], attention_multiplier=8 ** -0.5,
         rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    # Recurrent hybrids (dense, float32). Classes whose config has no head_dim field get it dropped (DROP): their
+    # attention heads are hidden_size / num_attention_heads wide, as in their released config.json files.
+    # Qwen3.5 text: 3 Gated DeltaNet layers then 1 gated full-attention layer; GDN with 4 value heads over 2 key heads
+    # and key dim 8 != value dim 6; attention heads 16 wide so that partial_rotary_factor 0.25 rotates 4 dims (two
+    # frequencies: 2 would not tell rotate-half from interleaved pairs); mrope keys as in the released configs (text
+    # positions are equal on all three sections, so plain RoPE).
+    'hf_qwen3_5': (transformers.Qwen3_5TextConfig, dict(
+        num_hidden_layers=4, head_dim=16, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        layer_types=['linear_attention'] * 3 + ['full_attention'],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+        linear_conv_kernel_dim=4,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0, 'partial_rotary_factor': 0.25,
+                         'mrope_section': [1, 1, 0], 'mrope_interleaved': True})),
+    # OLMo hybrid: GDN, GDN, attention, GDN; GDN heads 2 x (key 4, value 8), beta in [0, 2] (allow_neg_eigval);
+    # attention with q/k RMSNorm over the whole projection and RoPE (the class default; rope_parameters null is NoPE).
+    'hf_olmo_hybrid': (transformers.OlmoHybridConfig, dict(
+        head_dim=DROP, num_hidden_layers=4, tie_word_embeddings=False,
+        layer_types=['linear_attention', 'linear_attention', 'full_attention', 'linear_attention'],
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, linear_allow_neg_eigval=True,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    # Nemotron-H: "M-M*M-" (mamba, squared-ReLU MLP, mamba, attention without RoPE, mamba, MLP); Mamba-2 with 4 heads
+    # of 4 in 2 groups, state 8, conv bias; chunk 8 < 16 tokens (two chunks in the torch prefill).
+    'hf_nemotron_h': (transformers.NemotronHConfig, dict(
+        hybrid_override_pattern='M-M*M-', tie_word_embeddings=False, layer_norm_epsilon=1e-5,
+        mamba_num_heads=4, mamba_head_dim=4, n_groups=2, ssm_state_size=8, conv_kernel=4, use_conv_bias=True,
+        chunk_size=8, mlp_hidden_act='relu2')),
+    # Bamba: attention only at layer 2 (attn_layer_indices, no cycle), heads 8 wide with the class's fixed
+    # partial_rotary_factor 0.5 (4 rotated dims); Mamba-2 with expand 2 (4 heads of 8), 2 groups, state 8, conv bias.
+    'hf_bamba': (transformers.BambaConfig, dict(
+        head_dim=DROP, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=4, attn_layer_indices=[2],
+        tie_word_embeddings=False, rms_norm_eps=1e-5, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, mamba_conv_bias=True,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    # Granite 4.0-H style: dense (num_local_experts 0: only the shared MLP), NoPE attention, every Granite multiplier
+    # away from 1, tied; Mamba-2 with expand 1 (4 heads of 4), 2 groups, state 8, conv bias.
+    'hf_granite_hybrid': (transformers.GraniteMoeHybridConfig, dict(
+        head_dim=DROP, num_hidden_layers=4, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        layer_types=['mamba', 'mamba', 'attention', 'mamba'], position_embedding_type=None,
+        num_local_experts=0, shared_intermediate_size=24, embedding_multiplier=2.0, residual_multiplier=0.7,
+        logits_scaling=1.5, attention_multiplier=0.3, mamba_n_heads=4, mamba_d_head=4, mamba_n_groups=2,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=8, mamba_conv_bias=True)),
 }
 FINITE_SINKS = ('hf_granite_swa_sinks',)
+# Fixtures whose reference also holds `decode_logits` (token by token through the model's cache).
+DECODED = ('hf_qwen3_5', 'hf_olmo_hybrid', 'hf_nemotron_h', 'hf_bamba', 'hf_granite_hybrid')
+# Norms whose scale is `1 + weight` (zero-centred); their weights are drawn around 0 instead of 1.
+ZERO_CENTRED_NORMS = ('Qwen3_5RMSNorm',)
 # derived fixture -> (its GraniteSWA source, the MiniCPM fields that give the source's multipliers)
 DERIVED = {'minicpm_from_granite': ('hf_granite_minicpm', dict(scale_emb=12.0, scale_depth=1.4, dim_model_base=4))}
 BATCH, LENGTH, NEW_TOKENS = 2, 16, 8
@@ -92,21 +159,57 @@ def build(root: pathlib.Path, only=None):
     if only and name not in only:
       continue
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config_class(**{**SMALL, **fields}))
+    fields = {key: value for key, value in {**SMALL, **fields}.items() if value is not DROP}
+    model = transformers.AutoModelForCausalLM.from_config(config_class(**fields))
+    # Norm weights 1 + 0.2 N(0, 1) (0.2 N(0, 1) for the zero-centred `1 + weight` norms), everything else 0.3 N(0, 1),
+    # except the recurrence parameters, drawn so that every decay is in a useful range (neither ~0 nor ~1) and the
+    # logits stay O(1): A_log = log U(0.25, 1.5) (A = -exp(A_log)), dt_bias = -0.5 + 0.5 N(0, 1) (dt or the GDN gate
+    # = softplus(projection + dt_bias), the projection being ~1 wide), Mamba-2's skip D = 1 + 0.3 N(0, 1). The
+    # Mamba-2 and GDN conv weights and biases are 0.3 N(0, 1) like any other weight.
+    norms = {id(m.weight): type(m).__name__ in ZERO_CENTRED_NORMS for m in model.modules()
+             if 'Norm' in type(m).__name__ and getattr(m, 'weight', None) is not None}
     with torch.no_grad():
       for pname, p in model.named_parameters():
-        if pname.endswith('sinks') and name in FINITE_SINKS:
+        leaf = pname.rsplit('.', 1)[-1]
+        if leaf == 'A_log':
+          p.copy_(torch.log(torch.empty_like(p).uniform_(0.25, 1.5)))
+        elif leaf == 'dt_bias':
+          p.copy_(-0.5 + 0.5 * torch.randn_like(p))
+        elif leaf == 'D':
+          p.copy_(1 + 0.3 * torch.randn_like(p))
+        elif norms.get(id(p)):
+          p.copy_(0.2 * torch.randn_like(p))
+        elif pname.endswith('sinks') and name in FINITE_SINKS:
           p.copy_(1 + torch.randn_like(p))
           if pname.startswith('model.layers.1.'):
             p[2] = -float('inf')
         elif pname.endswith('sinks'):
           p.fill_(-float('inf'))
-        elif pname.endswith('norm.weight') or 'layernorm' in pname:
+        elif pname.endswith('norm.weight') or 'layernorm' in pname or id(p) in norms:
           p.copy_(1 + 0.2 * torch.randn_like(p))
         else:
           p.copy_(0.3 * torch.randn_like(p))
     model.save_pretrained(root / name)
+    if model.config.model_type == 'olmo_hybrid':
+      split_olmo_hybrid_conv(root / name, model.config)
     print(f'built {name}: {type(model).__name__}')
+
+
+def split_olmo_hybrid_conv(path: pathlib.Path, config):
+  """Rewrites the GDN conv weights as the released OLMo hybrid checkpoints hold them: q_conv1d [key heads * key dim],
+  k_conv1d [the same], v_conv1d [value heads * value dim]. transformers 5.23 saves the module's fused conv1d through
+  the reverse of its load-time Concatenate, which cuts it into three equal thirds (here 11, 11, 10 channels) whatever
+  the key and value widths; loading concatenates either split back into the same tensor."""
+  tensors = safetensors.numpy.load_file(str(path / 'model.safetensors'))
+  key, value = (config.linear_num_key_heads * config.linear_key_head_dim,
+                config.linear_num_value_heads * config.linear_value_head_dim)
+  for name in [n for n in tensors if n.endswith('linear_attn.q_conv1d.weight')]:
+    prefix = name[:-len('q_conv1d.weight')]
+    fused = np.concatenate([tensors[f'{prefix}{p}_conv1d.weight'] for p in 'qkv'])
+    assert fused.shape[0] == 2 * key + value
+    for p, part in zip('qkv', np.split(fused, [key, 2 * key])):
+      tensors[f'{prefix}{p}_conv1d.weight'] = np.ascontiguousarray(part)
+  safetensors.numpy.save_file(tensors, str(path / 'model.safetensors'), metadata={'format': 'pt'})
 
 
 def tokens_for(vocab: int, length: int) -> np.ndarray:
@@ -133,13 +236,44 @@ def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
     generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
                                pad_token_id=0)
   greedy = generated[:, length:].numpy().astype(np.int32)
-  safetensors.numpy.save_file({'tokens': tokens, 'logits': logits['eager'], 'greedy': greedy},
-                              str(path / 'reference.safetensors'),
+  arrays = {'tokens': tokens, 'logits': logits['eager'], 'greedy': greedy}
+  result = {'class': type(model).__name__, 'max_abs_logit': float(np.abs(logits['eager']).max()),
+            'sdpa_vs_eager_max_abs': float(np.abs(logits['sdpa'] - logits['eager']).max()) if 'sdpa' in logits
+            else None}
+  if path.name in DECODED:
+    arrays['decode_logits'] = decode(model, ids, positions=True)
+    gap = float(np.abs(arrays['decode_logits'] - logits['eager']).max())
+    result |= {'decode_vs_prefill_max_abs': gap, 'decode_vs_prefill_rel': gap / result['max_abs_logit'],
+               # Without explicit position_ids (each step's model forward derives them from the cache, or not).
+               'decode_no_position_ids_max_abs': float(np.abs(decode(model, ids, positions=False)
+                                                              - logits['eager']).max()),
+               'greedy_equals_uncached_argmax': bool(np.array_equal(greedy, uncached_greedy(model, ids)))}
+  safetensors.numpy.save_file(arrays, str(path / 'reference.safetensors'),
                               metadata={'transformers': transformers.__version__, 'torch': torch.__version__,
                                         'class': type(model).__name__})
-  gap = float(np.abs(logits['sdpa'] - logits['eager']).max()) if 'sdpa' in logits else None
-  return {'class': type(model).__name__, 'max_abs_logit': float(np.abs(logits['eager']).max()),
-          'sdpa_vs_eager_max_abs': gap}
+  return result
+
+
+def decode(model, ids: torch.Tensor, positions: bool) -> np.ndarray:
+  """Logits [batch, N, vocab] from feeding the tokens one at a time through the model's cache (use_cache=True: the
+  first call, the first token alone, starts the family's cache, then each call passes it back), with explicit
+  position_ids when `positions`."""
+  cache, steps = None, []
+  with torch.no_grad():
+    for t in range(ids.shape[1]):
+      extra = {'position_ids': torch.full((ids.shape[0], 1), t, dtype=torch.long)} if positions else {}
+      out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True, **extra)
+      cache = out.past_key_values
+      steps.append(out.logits[:, -1].float().numpy())
+  return np.stack(steps, axis=1)
+
+
+def uncached_greedy(model, ids: torch.Tensor) -> np.ndarray:
+  """The NEW_TOKENS greedy tokens recomputed from full uncached forwards (a check on generate's cached path)."""
+  with torch.no_grad():
+    for _ in range(NEW_TOKENS):
+      ids = torch.cat([ids, model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+  return ids[:, -NEW_TOKENS:].numpy()
 
 
 def write_minicpm(source: pathlib.Path, target: pathlib.Path, scalings: dict):

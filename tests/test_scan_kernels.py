@@ -296,7 +296,7 @@ BAD = [
     (dict(initial_state=np.zeros((1, 4, 8, 7))), 'initial_state'),
     (dict(chunk_size=0), 'chunk_size'),
     (dict(chunk_size=2.5), 'chunk_size'),
-    (dict(beta=np.full((1, 16, 4), 1.5)), 'beta must be <= 1'),
+    (dict(beta=np.full((1, 16, 4), 2.5)), 'beta must be <= 2'),
     (dict(beta=np.full((1, 16, 4), -0.5)), 'beta must be >= 0'),
     (dict(beta=np.zeros((1, 16, 2))), 'beta must have shape'),
 ]
@@ -325,8 +325,8 @@ def test_step_bad_arguments():
     linear_scan_step(z(1, 2, 8, 7), z(1, 2, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2))
   with pytest.raises(ValueError, match='log_decay_t must be <= 0'):
     linear_scan_step(z(1, 2, 8, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2, 8), jnp.ones((1, 2)))
-  with pytest.raises(ValueError, match='beta_t must be <= 1'):
-    gated_delta_rule_step(z(1, 2, 8, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2), jnp.full((1, 2), 2.0))
+  with pytest.raises(ValueError, match='beta_t must be <= 2'):
+    gated_delta_rule_step(z(1, 2, 8, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2), jnp.full((1, 2), 2.5))
 
 
 # Short causal convolution.

@@ -27,10 +27,16 @@ def get_config(arg=None):
   m.num_heads = 4  # Query heads per attention layer.
   m.num_kv_heads = 2  # Key/value heads (GQA); num_heads must be a multiple of it.
   m.head_dim = 32  # Per-head width (the study uses 64).
-  m.d_ff = 320  # SwiGLU hidden width (the study uses 2.5 * d_model).
+  m.d_ff = 320  # MLP hidden width (the study uses 2.5 * d_model).
+  m.mlp = 'swiglu'  # 'swiglu' (down(silu(gate x) * up x), the study's) | 'relu2' (down(relu(up x)^2): Nemotron-H).
+  # Every block is mixer then MLP; False = a block is its mixer alone, and MLPs are layers of their own (cycle kind
+  # 'mlp': Nemotron-H's pattern).
+  m.block_mlp = True
   # Layer pattern: layer i has kind cycle[i % len(cycle)]. Kinds: 'full' (full causal attention), 'swa'
-  # (sliding-window attention), 'headwise' (SWA and full heads inside one layer), and the recurrent mixers
-  # 'lightning', 'mamba2', 'gdn' (see below), and any kind a module of `mixer_modules` registers. Default: 1:1 alternation with full attention at odd 0-based layers.
+  # (sliding-window attention), 'headwise' (SWA and full heads inside one layer), the recurrent mixers
+  # 'lightning', 'mamba2', 'gdn' (see below), 'mlp' (an MLP layer of its own; needs block_mlp False), and any kind
+  # a module of `mixer_modules` registers. A cycle as long as the stack lists every layer's kind (imported
+  # checkpoints whose pattern does not repeat). Default: 1:1 alternation with full attention at odd 0-based layers.
   m.cycle = ('swa', 'full')
   m.window = 128  # Keys each SWA query sees, itself included.
   m.rope_full = True  # RoPE on full-attention layers (False = NoPE, the study's SWA-128-NoPE design).

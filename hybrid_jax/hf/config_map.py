@@ -20,6 +20,8 @@ HF_CLASSES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'smo
               'granite_swa': 'GraniteSWAForCausalLM'}
 # Import only: MiniCPM (1/2/4) loads through remote modeling code; its block is Llama's with three scalings.
 IMPORT_TYPES = (*HF_CLASSES, 'minicpm')
+# The recurrent hybrids, read by hybrid_jax.hf.families' rules.
+FAMILY_TYPES = ('qwen3_5_text', 'olmo_hybrid', 'nemotron_h', 'bamba', 'granitemoehybrid')
 EXPORTABLE_KINDS = ('full', 'swa')
 _FULL, _SLIDING = 'full_attention', 'sliding_attention'
 # transformers' defaults for keys a config.json may omit (they change the function, so they are never guessed).
@@ -242,7 +244,7 @@ def plan_import(hf: dict) -> ImportPlan:
   """Checks a transformers config.json against what hybrid_jax represents; returns the model fields."""
   model_type = hf.get('model_type')
   if model_type not in IMPORT_TYPES:
-    _refuse('model_type', model_type, f'supported model types: {", ".join(IMPORT_TYPES)}')
+    _refuse('model_type', model_type, f'supported model types: {", ".join(IMPORT_TYPES + FAMILY_TYPES)}')
   hf = {**_DEFAULTS[model_type], **hf}
   for field in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads'):
     if not isinstance(hf.get(field), int) or hf[field] <= 0:

@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 from hybrid_jax import readers
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.errors import DataError
-from hybrid_jax.hf import HFError, config_map, weights
+from hybrid_jax.hf import HFError, config_map, families, family_weights, weights
 
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -188,7 +188,10 @@ def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable 
   `table`: the checkpoint's tensor names (default: its model_type's entry in weights.TABLES).
   """
   from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
-  plan = config_map.plan_import(read_hf_config(path))
+  hf_config = read_hf_config(path)
+  if hf_config.get('model_type') in families.FAMILIES:
+    return _read_family(path, hf_config, model_overrides, table)
+  plan = config_map.plan_import(hf_config)
   table = table or weights.TABLES[plan.model_type]
   reader = TensorReader(path)
   # Finite sink tensors (GraniteSWA) make a model with learned sinks; all -inf, one without.
@@ -203,6 +206,34 @@ def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable 
   abstract = runs.abstract_params(config.model)
   params = weights.from_hf_tensors(reader, reader.names, abstract, config.model, table, tied=plan.tied)
   return config, params, plan
+
+
+def _model_config(path, fields: dict, overrides: dict | None):
+  """The base run config with the imported model fields (mixer sections merged key by key), checked."""
+  config = load_config_file(str(BASE_CONFIG))
+  fields = dict(fields)
+  for section in [k for k, v in fields.items() if isinstance(v, dict)]:
+    config.model[section].update(fields.pop(section))
+  config.model.update({**fields, 'dtype': 'float32', 'param_dtype': 'float32', **(overrides or {})})
+  try:
+    validate(config)
+  except ConfigError as e:
+    raise HFError(f'{path}/config.json maps to an invalid hybrid_jax model: {e}') from e
+  return config
+
+
+def _read_family(path, hf_config: dict, model_overrides, table):
+  """read_hf for the recurrent-hybrid families (hybrid_jax.hf.families)."""
+  from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
+  if table is not None:
+    raise HFError(f'--table applies to attention checkpoints; {hf_config["model_type"]} has its own tensor rules')
+  family = families.FAMILIES[hf_config['model_type']]
+  fields, tied = family.plan(hf_config)
+  reader = TensorReader(path)  # Refusals of config.json come before this: no weight is read for them.
+  config = _model_config(path, fields, model_overrides)
+  abstract = runs.abstract_params(config.model)
+  params = family_weights.from_hf(family, reader, reader.names, abstract, config.model, tied=tied)
+  return config, params, config_map.ImportPlan(family.model_type, fields, tied)
 
 
 def _checkpoint_tokenizer(path: pathlib.Path, vocab_size: int) -> list[str]:

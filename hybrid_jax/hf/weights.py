@@ -113,7 +113,7 @@ def layer_slots(model_cfg) -> list[tuple[tuple, int | None]]:
           for i in range(model_cfg.num_layers)]
 
 
-def _get(tree, path):
+def get_path(tree, path):
   for key in path:
     tree = tree[key]
   return tree
@@ -149,7 +149,7 @@ def to_hf_tensors(params, model_cfg, table: NameTable = LLAMA, *, dtype=np.float
   """Checkpoint tensors (contiguous numpy arrays in `dtype`), named by `table`, of hybrid_jax params."""
   tensors = {}
   for path, index, name, transform in _entries(model_cfg, table):
-    x = np.asarray(_get(params, path))
+    x = np.asarray(get_path(params, path))
     x = x if index is None else x[index]
     tensors[name] = np.ascontiguousarray(transform.to_hf(x).astype(dtype))
   if table.sinks and not model_cfg.attention_sinks:  # No learned sinks: -inf, i.e. none.
@@ -168,10 +168,10 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
   names = set(names)
   used = {n for n in names if n.endswith(DERIVED_SUFFIXES)}
   stacks = {}
-  params = _empty_like(abstract)
+  params = empty_like(abstract)
   embed_name = table.name(('embed',))
   for path, index, name, transform in _entries(model_cfg, table):
-    target = _get(abstract, path)
+    target = get_path(abstract, path)
     shape = target.shape if index is None else target.shape[1:]
     source = name
     if path == ('lm_head',) and tied:
@@ -179,20 +179,20 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
       if name in names:
         _check_tied_head(read, name, embed_name)
         used.add(name)
-      value = _read_checked(read, names, source, SAME.hf_shape(shape[::-1]), target.dtype).T
+      value = read_checked(read, names, source, SAME.hf_shape(shape[::-1]), target.dtype).T
     else:
-      value = transform.from_hf(_read_checked(read, names, source, transform.hf_shape(shape), target.dtype), shape)
+      value = transform.from_hf(read_checked(read, names, source, transform.hf_shape(shape), target.dtype), shape)
     used.add(source)
     if index is None:
-      _set(params, path, value)
+      set_path(params, path, value)
     else:
       stacks.setdefault(path, [None] * target.shape[0])[index] = value
   for path, layers in stacks.items():
-    _set(params, path, np.stack(layers))
+    set_path(params, path, np.stack(layers))
   if table.sinks and not model_cfg.attention_sinks:
     for i in range(model_cfg.num_layers):
       name = table.sinks.format(i=i)
-      value = _read_checked(read, names, name, (model_cfg.num_heads,), np.float32)
+      value = read_checked(read, names, name, (model_cfg.num_heads,), np.float32)
       if not np.all(value == -np.inf):
         raise HFError(f'{name} holds finite attention sinks {value.tolist()}, but the model is built without them; '
                       'import with model.attention_sinks=True')
@@ -212,7 +212,7 @@ def _check_tied_head(read, name, embed_name):
                   'tie_word_embeddings to false in config.json to import the separate head')
 
 
-def _read_checked(read, names, name, shape, dtype) -> np.ndarray:
+def read_checked(read, names, name, shape, dtype) -> np.ndarray:
   if name not in names:
     raise HFError(f'the checkpoint has no tensor {name!r} (expected shape {tuple(shape)})')
   value = read(name)
@@ -224,11 +224,11 @@ def _read_checked(read, names, name, shape, dtype) -> np.ndarray:
   return np.asarray(value, dtype=np.float32).astype(dtype)
 
 
-def _empty_like(abstract):
-  return {k: _empty_like(v) for k, v in abstract.items()} if isinstance(abstract, dict) else None
+def empty_like(abstract):
+  return {k: empty_like(v) for k, v in abstract.items()} if isinstance(abstract, dict) else None
 
 
-def _set(tree, path, value):
+def set_path(tree, path, value):
   for key in path[:-1]:
     tree = tree[key]
   tree[path[-1]] = value

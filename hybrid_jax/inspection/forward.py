@@ -97,13 +97,13 @@ def forward(model, tokens=None, *, embeddings=None, attention_queries=None, resi
   residuals = [] if residual_positions is None else [_gather(x, residual_positions)]
   attention = {}
   for layer, block in zip(layers(model.cfg), blocks(model)):
-    h = block.mixer_norm(x)
+    h = block.mixer_input(x)
     y, probs = windowed.mix(block.mixer, layer.spec, h, positions, restriction, attention_queries,
                             (head_scale or {}).get(layer.index))
     if probs is not None:
       attention[layer.index] = probs
-    x = block.add(x, y)
-    x = block.add(x, block.mlp(block.mlp_norm(x)))
+    x = block.add(x, block.mixer_output(y))
+    x = block.mlp_branch(x)
     if residual_positions is not None:
       residuals.append(_gather(x, residual_positions))
   if logit_positions is not None:

@@ -82,7 +82,7 @@ def _attention(mixer, restriction, h, positions, queries, head_scale=None):
     o = jnp.concatenate(outs, axis=2)
     if head_scale is not None:  # Each query head's output scaled before the output projection (0 ablates it).
       o = o * jnp.asarray(head_scale, o.dtype)[None, None, :, None]
-    y = mixer.out(o)
+    y = mixer.out(o, h)
   probs = None
   if queries is not None:
     t = h.shape[1]
@@ -146,6 +146,7 @@ def mix(mixer, spec, h, positions, restriction, queries, head_scale=None):
     return _attention(mixer, restriction, h, positions, queries, head_scale)
   if head_scale is not None:
     raise ValueError(f'head_scale applies to attention layers, not to a {spec.kind!r} layer')
-  if restriction is not None and restriction.target == 'efficient':  # Every efficient layer that is not attention.
+  pointwise = registry.get(spec.kind).role == 'pointwise'  # Sees one position: a window changes nothing.
+  if restriction is not None and restriction.target == 'efficient' and not pointwise:  # Efficient, not attention.
     return windowed_recurrent(mixer, h, restriction.window, restriction.sinks, restriction.recurrent_chunk), None
   return mixer(h, positions), None

@@ -4,7 +4,7 @@
 everything else. A test checks these formulas against the real model's parameters.
 """
 
-from hybrid_jax.models import pattern
+from hybrid_jax.models import layers, pattern
 from hybrid_jax.models.mixers import registry
 
 
@@ -14,8 +14,9 @@ def mixer_params(cfg, spec: pattern.LayerSpec) -> int:
 
 
 def block_params(cfg, spec: pattern.LayerSpec) -> dict:
-  mlp = 3 * cfg.d_model * cfg.d_ff
-  norms = 2 * cfg.d_model
+  """The block's mixer, MLP (none when model.block_mlp is off) and norm parameters."""
+  mlp = layers.mlp_params(cfg) if cfg.block_mlp else 0
+  norms = (2 if cfg.block_mlp else 1) * cfg.d_model
   mixer = mixer_params(cfg, spec)
   return {'kind': spec.kind, 'mixer': mixer, 'mlp': mlp, 'norms': norms, 'total': mixer + mlp + norms}
 

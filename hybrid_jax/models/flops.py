@@ -20,7 +20,7 @@ raises MFU. (The attention kernel benchmark uses 3.5 x forward for attention, wh
 recompute of Q K^T: a kernel's work, not the model's.)
 """
 
-from hybrid_jax.models import pattern
+from hybrid_jax.models import layers, pattern
 from hybrid_jax.models.mixers import registry
 
 TRAIN_MULTIPLIER = 3  # forward + backward (2 x forward) in model FLOPs.
@@ -81,11 +81,12 @@ def layer_flops(cfg, spec: pattern.LayerSpec, seq_len: int) -> dict:
   if seq_len <= 0:
     raise ValueError(f'seq_len must be positive, got {seq_len}')
   parts = registry.get(spec.kind).flops(cfg, spec, seq_len)
-  mlp = 2 * seq_len * 3 * cfg.d_model * cfg.d_ff
+  mlp = 2 * seq_len * layers.mlp_params(cfg) if cfg.block_mlp else 0
   mixer = parts['projections'] + parts['core'] + parts['conv']
-  # mlp_in: the gate and up projections, 2 of the MLP's 3 matmuls (what remat runs again of it).
+  # mlp_in: the MLP's matmuls but the down projection (SwiGLU's gate and up: what remat runs again of it).
+  mlp_in = mlp - 2 * seq_len * cfg.d_model * cfg.d_ff if cfg.block_mlp else 0
   return {'kind': spec.kind, 'window': spec.window, **parts, 'mixer': mixer, 'mlp': mlp,
-          'mlp_in': 2 * mlp // 3, 'total': mixer + mlp}
+          'mlp_in': mlp_in, 'total': mixer + mlp}
 
 
 def model_flops(cfg, seq_len: int) -> dict:

@@ -1,4 +1,4 @@
-"""Building blocks shared by every architecture: parameters with logical axes, RMSNorm, SwiGLU, RoPE.
+"""Building blocks shared by every architecture: parameters with logical axes, RMSNorm, the MLPs, RoPE.
 
 Parameters carry `logical_axes` metadata (names from ARCHITECTURE.md: embed, heads, kv_heads, head_dim, mlp,
 vocab, layers); hybrid_jax.parallel maps them onto mesh axes. Weights are stored in `param_dtype` and cast to the
@@ -54,6 +54,13 @@ def name_heads(t, name: str):
   return checkpoint_name(t.reshape(*t.shape[:-2], -1), name).reshape(t.shape)
 
 
+def rms_norm(x, scale, eps):
+  """x / rms(x) * scale over the last axis, in float32 (per head when x is [..., H, D] and scale [D])."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return x32 * scale.astype(jnp.float32)
+
+
 class RMSNorm(nnx.Module):
   """x / rms(x) * scale, computed in float32."""
 
@@ -63,9 +70,7 @@ class RMSNorm(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x):
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (x32 * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+    return rms_norm(x, self.scale[...], self.eps).astype(self.dtype)
 
 
 class SwiGLU(nnx.Module):
@@ -84,15 +89,48 @@ class SwiGLU(nnx.Module):
     return checkpoint_name((jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype), MLP_DOWN)
 
 
-def rope(x, positions, *, base: float):
-  """Rotary position embedding (rotate-half form) of x [B, T, H, D] at integer positions [B, T] or [T]."""
+class ReluSquared(nnx.Module):
+  """down(relu(up(x))**2), no gate and no biases (Nemotron-H's MLP)."""
+
+  def __init__(self, d_model: int, d_ff: int, *, std: float, out_std: float, param_dtype, dtype, rngs):
+    self.up = param(rngs, (d_model, d_ff), ('embed', 'mlp'), std=std, dtype=param_dtype)
+    self.down = param(rngs, (d_ff, d_model), ('mlp', 'embed'), std=out_std, dtype=param_dtype)
+    self.dtype = dtype
+
+  def __call__(self, x):
+    up = checkpoint_name(x.astype(self.dtype) @ self.up[...].astype(self.dtype), MLP_UP)
+    return checkpoint_name(jnp.square(jax.nn.relu(up)) @ self.down[...].astype(self.dtype), MLP_DOWN)
+
+
+# model.mlp -> (its module, its weight matrices of d_model x d_ff each).
+MLPS = {'swiglu': (SwiGLU, 3), 'relu2': (ReluSquared, 2)}
+
+
+def make_mlp(cfg, *, rngs: nnx.Rngs):
+  """The MLP that model.mlp names, d_model -> d_ff -> d_model."""
+  std, out_std = init_stds(cfg)
+  return MLPS[cfg.mlp][0](cfg.d_model, cfg.d_ff, std=std, out_std=out_std, param_dtype=dtype_of(cfg.param_dtype),
+                          dtype=dtype_of(cfg.dtype), rngs=rngs)
+
+
+def mlp_params(cfg) -> int:
+  return MLPS[cfg.mlp][1] * cfg.d_model * cfg.d_ff
+
+
+def rope(x, positions, *, base: float, dims: int = 0):
+  """Rotary position embedding (rotate-half form) of x [B, T, H, D] at integer positions [B, T] or [T].
+
+  `dims` > 0 rotates only the first `dims` channels of each head (partial RoPE: frequencies base**(-2i/dims)) and
+  passes the rest through; 0 rotates the whole head.
+  """
   head_dim = x.shape[-1]
-  inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., T, D/2]
+  dims = dims or head_dim
+  inv_freq = 1.0 / (base ** (jnp.arange(0, dims, 2, dtype=jnp.float32) / dims))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., T, dims/2]
   if angles.ndim == 2:
     angles = angles[None]
   sin = jnp.sin(angles)[:, :, None, :]
   cos = jnp.cos(angles)[:, :, None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x.dtype)
+  x1, x2 = jnp.split(x[..., :dims].astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+  return rotated if dims == head_dim else jnp.concatenate([rotated, x[..., dims:]], axis=-1)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.models import layers, pattern
-from hybrid_jax.models.layers import RMSNorm, SwiGLU, dtype_of, init_stds, param
-from hybrid_jax.models.mixers import make_mixer
+from hybrid_jax.models.layers import RMSNorm, dtype_of, param
+from hybrid_jax.models.mixers import make_mixer, registry
 from hybrid_jax.parallel import activations
 
 # 'minimal' keeps the tensors named in models/layers.py, as MaxText's policy of that name does: q and k after RoPE
@@ -39,15 +39,24 @@ _REMAT_POLICIES = {
 
 
 class Block(nnx.Module):
-  """Pre-norm block: x + r * mixer(norm(x)), then x + r * mlp(norm(x)), r = model.residual_multiplier."""
+  """Pre-norm block: x + r * mixer(norm(x)), then x + r * mlp(norm(x)), r = model.residual_multiplier.
+
+  With model.block_mlp False a block is its mixer alone (Nemotron-H's blocks); MLPs are then layers of their own
+  (the 'mlp' kind of the cycle). With model.attention.post_norm an attention layer's block is post-norm:
+  x + r * norm(mixer(x)), then x + r * norm(mlp(x)) (OLMo Hybrid's attention layers).
+  """
 
   def __init__(self, cfg, spec: pattern.LayerSpec, *, rngs: nnx.Rngs):
     pdt, dt = dtype_of(cfg.param_dtype), dtype_of(cfg.dtype)
+    # Post-norm (OLMo Hybrid's attention blocks): the norms take the branch outputs, the mixer and MLP the stream.
+    self.post_norm = bool(registry.get(spec.kind).attention and cfg.attention.post_norm)
     self.mixer_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
     self.mixer = make_mixer(cfg, spec, rngs=rngs)
-    self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
-    std, out_std = init_stds(cfg)
-    self.mlp = SwiGLU(cfg.d_model, cfg.d_ff, std=std, out_std=out_std, param_dtype=pdt, dtype=dt, rngs=rngs)
+    if cfg.block_mlp:
+      self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
+      self.mlp = layers.make_mlp(cfg, rngs=rngs)
+    else:
+      self.mlp_norm = self.mlp = None
     self.scope = spec.scope
     self.residual_multiplier = float(cfg.residual_multiplier)
 
@@ -56,21 +65,36 @@ class Block(nnx.Module):
     y = y.astype(x.dtype)
     return x + (y if self.residual_multiplier == 1.0 else y * self.residual_multiplier)
 
+  def mixer_input(self, x):
+    """What the mixer reads of the stream x: norm(x), or x itself in a post-norm block."""
+    return x if self.post_norm else self.mixer_norm(x)
+
+  def mixer_output(self, y):
+    """What joins the stream of the mixer's output y: y, or norm(y) in a post-norm block."""
+    return self.mixer_norm(y) if self.post_norm else y
+
+  def mlp_branch(self, x):
+    """x plus the block's MLP branch (x itself when the block has no MLP)."""
+    if self.mlp is None:
+      return x
+    if self.post_norm:
+      return self.add(x, self.mlp_norm(self.mlp(x)))
+    return self.add(x, self.mlp(self.mlp_norm(x)))
+
   def __call__(self, x, positions):
     # Named scopes survive into the compiled program's op metadata: `bench step` attributes profiled time by them.
     with jax.named_scope(self.scope):
       with jax.named_scope('mixer'):
-        x = self.add(x, self.mixer(self.mixer_norm(x), positions))
+        x = self.add(x, self.mixer_output(self.mixer(self.mixer_input(x), positions)))
       with jax.named_scope('mlp'):
-        x = self.add(x, self.mlp(self.mlp_norm(x)))
+        x = self.mlp_branch(x)
     return activations.constrain(x, activations.RESIDUAL)
 
   def decode(self, x, where, state, *, prefill: bool):
     """Prefill (x [B,T,d] at positions `where`) or one step (x [B,1,d] at position `where`), with mixer state."""
     mix = self.mixer.prefill if prefill else self.mixer.step
-    y, state = mix(self.mixer_norm(x), where, state)
-    x = self.add(x, y)
-    return self.add(x, self.mlp(self.mlp_norm(x))), state
+    y, state = mix(self.mixer_input(x), where, state)
+    return self.mlp_branch(self.add(x, self.mixer_output(y))), state
 
 
 class Cycle(nnx.Module):

@@ -5,6 +5,7 @@ not); the keys every model shares are checked here.
 """
 
 from hybrid_jax import config_keys as keys
+from hybrid_jax.models import layers
 from hybrid_jax.models.mixers import registry
 
 RECURRENT_IMPLEMENTATIONS = ('auto', 'reference', 'xla', 'pallas_gpu', 'pallas_tpu')
@@ -22,9 +23,11 @@ def validate(c) -> None:
   m = c.model
   if m.num_heads % m.num_kv_heads:
     keys.fail('model.num_heads', m.num_heads, f'must be a multiple of model.num_kv_heads={m.num_kv_heads}')
+  keys.choice(c, 'model.mlp', tuple(layers.MLPS))
+  keys.boolean(c, 'model.block_mlp')
   registry.validate(m)
   keys.choice(c, 'model.recurrent_implementation', RECURRENT_IMPLEMENTATIONS)
-  if m.head_dim % 2 and (m.rope_full or m.rope_swa):
+  if m.head_dim % 2 and not m.attention.rope_dims and (m.rope_full or m.rope_swa):
     keys.fail('model.head_dim', m.head_dim, 'must be even when RoPE is used')
   keys.number(c, 'model.init_std', positive=True)
   keys.number(c, 'model.norm_eps', positive=True)

@@ -45,7 +45,8 @@ KEY_CLASSES = {
     'model.cycle': IDENTITY, 'model.window': IDENTITY, 'model.rope_full': IDENTITY, 'model.rope_swa': IDENTITY,
     'model.rope_base': IDENTITY, 'model.headwise_full_kv_heads': IDENTITY, 'model.norm_eps': IDENTITY,
     'model.embedding_multiplier': IDENTITY, 'model.residual_multiplier': IDENTITY, 'model.logits_scaling': IDENTITY,
-    'model.attention_scale': IDENTITY, 'model.attention_sinks': IDENTITY,
+    'model.attention_scale': IDENTITY, 'model.attention_sinks': IDENTITY, 'model.mlp': IDENTITY,
+    'model.block_mlp': IDENTITY,
     'model.init_std': IDENTITY,  # How the parameters were made; meaningless to change after step 0.
     'model.dtype': TRAINING,  # Compute precision of every later step.
     # Same function, other kernels or memory trade-offs.

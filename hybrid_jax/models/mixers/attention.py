@@ -7,6 +7,10 @@ Learned attention sinks (model.attention_sinks; GraniteSWA, gpt-oss) add one log
 denominator, with value zero: o' = Σ_j e^{l_j} v_j / (Σ_j e^{l_j} + e^{s_h}) = o · sigmoid(lse − s_h), lse the
 row's log-sum-exp of the scaled logits. That identity is exact; the kernels' contract returns o only, so these
 layers run the XLA implementation, which also returns lse (differentiable by autodiff).
+
+The variants released hybrids use are options of the `model.attention` section (FIELDS), off by default: RMSNorm
+of q and k before RoPE, per head (Qwen3.5) or over all heads at once (OLMo); an output gate o * sigmoid(x W_g) per
+head channel (Qwen3.5); RoPE on the first `rope_dims` channels of each head only (partial RoPE).
 """
 
 import jax
@@ -34,6 +38,20 @@ class Attention(nnx.Module):
     self.wo = param(rngs, (hq, hd, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
     # Learned sink logit per query head (0 at init, as transformers initialises them); None = no sinks.
     self.sinks = (nnx.Param(jnp.zeros((hq,), pdt), logical_axes=('heads',)) if cfg.attention_sinks else None)
+    ac = cfg.attention
+    self.wgate = (param(rngs, (d, hq, hd), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
+                  if ac.output_gate else None)
+    self.qk_norm = ac.qk_norm
+    if ac.qk_norm == 'head':  # One scale per head channel, shared by the heads.
+      self.q_norm = nnx.Param(jnp.ones((hd,), pdt), logical_axes=('head_dim',))
+      self.k_norm = nnx.Param(jnp.ones((hd,), pdt), logical_axes=('head_dim',))
+    elif ac.qk_norm == 'all':  # One scale per channel of every head.
+      self.q_norm = nnx.Param(jnp.ones((hq, hd), pdt), logical_axes=('heads', 'head_dim'))
+      self.k_norm = nnx.Param(jnp.ones((hkv, hd), pdt), logical_axes=('kv_heads', 'head_dim'))
+    else:
+      self.q_norm = self.k_norm = None
+    self.norm_eps = cfg.norm_eps
+    self.rope_dims = int(ac.rope_dims)
     self.spec = spec
     self.groups = hq // hkv
     self.rope_base = cfg.rope_base
@@ -46,19 +64,32 @@ class Attention(nnx.Module):
   def qkv(self, x, positions):
     """Queries, keys and values [B, T, heads, head_dim] of x as the layer attends with them (RoPE applied)."""
     q, k, v = (project_heads(x, w[...], self.dtype) for w in (self.wq, self.wk, self.wv))
+    if self.qk_norm != 'none':
+      q, k = self._norm(q, self.q_norm), self._norm(k, self.k_norm)
     if self.spec.rope:
-      q = rope(q, positions, base=self.rope_base)
-      k = rope(k, positions, base=self.rope_base)
+      q = rope(q, positions, base=self.rope_base, dims=self.rope_dims)
+      k = rope(k, positions, base=self.rope_base, dims=self.rope_dims)
     return name_heads(q, layers.QUERY), name_heads(k, layers.KEY), name_heads(v, layers.VALUE)
 
-  def out(self, o):
-    """The output projection of per-head outputs o [B, T, Hq, head_dim]."""
+  def _norm(self, t, scale):
+    """q/k RMSNorm: over each head's channels ('head'), or over all heads' channels at once ('all')."""
+    if self.qk_norm == 'head':
+      return layers.rms_norm(t, scale[...], self.norm_eps).astype(t.dtype)
+    flat = t.reshape(*t.shape[:-2], -1)
+    return layers.rms_norm(flat, scale[...].reshape(-1), self.norm_eps).astype(t.dtype).reshape(t.shape)
+
+  def out(self, o, x=None):
+    """The output projection of per-head outputs o [B, T, Hq, head_dim]; with an output gate, o is first
+    multiplied by sigmoid of the gate projection of the layer's input x."""
+    if self.wgate is not None:
+      gate = jax.nn.sigmoid(project_heads(x, self.wgate[...], self.dtype).astype(jnp.float32))
+      o = (o.astype(jnp.float32) * gate).astype(self.dtype)
     return checkpoint_name(jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype)),
                            layers.MIXER_OUT)
 
   def __call__(self, x, positions):
     q, k, v = self.qkv(x, positions)
-    return self.out(self._attend(q, k, v))
+    return self.out(self._attend(q, k, v), x)
 
   def _attend(self, q, k, v):
     """Each KV group through its window (head-wise layers: the windowed groups first, then the full ones)."""
@@ -98,7 +129,7 @@ class Attention(nnx.Module):
     q, k, v = self.qkv(x, positions)
     o = self._attend(q, k, v)
     state = [cache_lib.write_prefix(c, k[:, :, kv], v[:, :, kv]) for c, (_, kv) in zip(state, self.kv_groups())]
-    return self.out(o), state
+    return self.out(o, x), state
 
   def step(self, x, position, state):
     """One token x [B, 1, d] at `position` against the caches."""
@@ -114,7 +145,7 @@ class Attention(nnx.Module):
       outs.append(_attend_one(q_group, cache['k'], cache['v'], visible, self.scale, sinks))
       new_state.append(cache)
     o = jnp.concatenate(outs, axis=1)[:, None]
-    return self.out(o), new_state
+    return self.out(o, x), new_state
 
 
 _Q_AXES = ('batch', None, 'heads', None)  # The kernel needs whole sequences: 'seq' is never split here.
@@ -156,17 +187,21 @@ def kv_groups(spec, kv_heads: int) -> list[tuple[int | None, slice]]:
 
 # ------------------------------------------------------------------------------------------- registry entries
 def attention_params(cfg, spec=None) -> int:
-  """q, k, v, o projections, and one learned sink logit per head when the model has them."""
+  """q, k, v, o projections (and the output gate's), one learned sink logit per head when the model has them,
+  and the q/k norms' scales."""
   del spec  # Every attention kind has the same weights.
-  q_and_o = 2 * cfg.d_model * cfg.num_heads * cfg.head_dim
+  ac = cfg.attention
+  q_and_o = (3 if ac.output_gate else 2) * cfg.d_model * cfg.num_heads * cfg.head_dim
   k_and_v = 2 * cfg.d_model * cfg.num_kv_heads * cfg.head_dim
-  return q_and_o + k_and_v + (cfg.num_heads if cfg.get('attention_sinks') else 0)
+  norms = {'none': 0, 'head': 2 * cfg.head_dim, 'all': (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim}
+  return q_and_o + k_and_v + (cfg.num_heads if cfg.get('attention_sinks') else 0) + norms[ac.qk_norm]
 
 
 def attention_flops(cfg, spec, t: int) -> dict:
-  """The four projections, and softmax(Q K^T) V over the pairs each KV group's window leaves visible."""
+  """The four projections (five with the output gate), and softmax(Q K^T) V over the pairs each KV group's window
+  leaves visible."""
   d, hq, hkv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  projections = 2 * t * (2 * d * hq * hd + 2 * d * hkv * hd)
+  projections = 2 * t * ((3 if cfg.attention.output_gate else 2) * d * hq * hd + 2 * d * hkv * hd)
   per_kv = hq // hkv
   core = sum(flops.attention_core_flops(t, (kv.stop - kv.start) * per_kv, hd, window)
              for window, kv in kv_groups(spec, hkv))
@@ -181,7 +216,7 @@ def _check_window(cfg, used):
 
 
 def _check_headwise(cfg, used):
-  _check_window(cfg, used)
+  _check_swa(cfg, used)
   value = cfg.headwise_full_kv_heads
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
     raise errors.invalid_config('model.headwise_full_kv_heads', value, 'must be a positive integer')
@@ -190,14 +225,40 @@ def _check_headwise(cfg, used):
                            f'must be between 1 and model.num_kv_heads - 1 = {cfg.num_kv_heads - 1}')
 
 
+def _check_variants(cfg, used):
+  del used
+  dims = cfg.attention.rope_dims
+  if dims and (dims > cfg.head_dim or dims % 2):
+    raise errors.invalid_config('model.attention.rope_dims', dims,
+                                f'must be 0 (the whole head) or an even number <= model.head_dim={cfg.head_dim}')
+
+
+def _check_swa(cfg, used):
+  _check_window(cfg, used)
+  _check_variants(cfg, used)
+
+
+# The `model.attention` section, shared by the three attention kinds (one Attention layer).
+FIELDS = {
+    'qk_norm': registry.choice('none', ('none', 'head', 'all'), "RMSNorm of q and k before RoPE: 'none', 'head' "
+                               "(each head's channels, one scale per channel: Qwen3.5) or 'all' (all heads' "
+                               'channels at once, a scale each: OLMo).'),
+    'output_gate': registry.boolean(False, 'Multiply each head channel\'s output by sigmoid of a gate projection '
+                                           'of the layer input before the output projection (Qwen3.5).'),
+    'post_norm': registry.boolean(False, 'The block of an attention layer norms the outputs of its mixer and its '
+                                         'MLP instead of their inputs (OLMo Hybrid).'),
+    'rope_dims': registry.nonnegative_int(0, 'RoPE rotates the first rope_dims channels of each head (partial '
+                                             'RoPE; frequencies base**(-2i/rope_dims)); 0 = the whole head.'),
+}
+_ATTENTION = dict(build=Attention, params=attention_params, flops=attention_flops, attention=True,
+                  section='attention', fields=FIELDS)
 registry.register(registry.MixerKind(
-    'full', build=Attention, params=attention_params, flops=attention_flops, role='full', attention=True,
+    'full', role='full', validate=_check_variants, **_ATTENTION,
     spec=lambda cfg, index: pattern.LayerSpec('full', None, bool(cfg.rope_full))))
 registry.register(registry.MixerKind(
-    'swa', build=Attention, params=attention_params, flops=attention_flops, attention=True, validate=_check_window,
+    'swa', validate=_check_swa, **_ATTENTION,
     spec=lambda cfg, index: pattern.LayerSpec('swa', int(cfg.window), bool(cfg.rope_swa))))
 # One RoPE setting per layer: head-wise layers follow the SWA setting (their windowed heads need position).
 registry.register(registry.MixerKind(
-    'headwise', build=Attention, params=attention_params, flops=attention_flops, role='headwise', attention=True,
-    validate=_check_headwise, spec=lambda cfg, index: pattern.LayerSpec(
+    'headwise', role='headwise', validate=_check_headwise, **_ATTENTION, spec=lambda cfg, index: pattern.LayerSpec(
         'headwise', int(cfg.window), bool(cfg.rope_swa), int(cfg.headwise_full_kv_heads))))

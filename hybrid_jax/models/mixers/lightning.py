@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax import errors
-from hybrid_jax.models import flops, pattern
+from hybrid_jax.models import flops, layers, pattern
 from hybrid_jax.models.layers import dtype_of, init_stds, param
 from hybrid_jax.models.mixers import recurrent, registry
 
@@ -78,7 +78,7 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     o, scan_state = recurrent.scan(q, k, v, log_decay, state=None if state is None else state['scan'],
                                    chunk_size=self.chunk_size, implementation=self.implementation)
     gate = jax.nn.sigmoid(proj(self.wg).astype(jnp.float32))
-    o = (recurrent.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
+    o = (layers.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), {'scan': scan_state}
 
 

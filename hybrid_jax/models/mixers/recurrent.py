@@ -37,13 +37,6 @@ def named_out(y):
   return checkpoint_name(y, layers.MIXER_OUT)
 
 
-def rms_norm(x, scale, eps):
-  """RMSNorm over the last axis in float32 (per head when x is [..., H, D])."""
-  x32 = x.astype(jnp.float32)
-  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return x32 * scale.astype(jnp.float32)
-
-
 def l2_normalize(x, eps=1e-6):
   """Unit-norm vectors over the last axis (the delta rule needs |k| = 1 to stay bounded)."""
   x32 = x.astype(jnp.float32)
@@ -56,8 +49,9 @@ def conv_param(rngs: nnx.Rngs, width: int, shape, axes, *, dtype) -> nnx.Param:
   return nnx.Param(init, logical_axes=(None, *axes))  # The tap axis is never sharded.
 
 
-def causal_conv_silu(x, weight, dtype, state=None):
-  """(SiLU(causal depthwise conv of x [B, T, *C]), conv state [B, W-1, prod(C)]) with weight [W, *C].
+def causal_conv_silu(x, weight, dtype, state=None, bias=None):
+  """(SiLU(causal depthwise conv of x [B, T, *C] + bias), conv state [B, W-1, prod(C)]) with weight [W, *C] and
+  bias [prod(C)] (None = none).
 
   `state` carries the last W-1 inputs between calls (None = zeros); one token with a state is a decode step.
   """
@@ -69,6 +63,8 @@ def causal_conv_silu(x, weight, dtype, state=None):
     y = y[:, None]
   else:
     y, state = kernels.causal_conv1d(flat, w, initial_state=state)
+  if bias is not None:
+    y = y + bias.astype(y.dtype)
   return jax.nn.silu(y).reshape(x.shape), state
 
 

@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping
 from hybrid_jax import config_keys
 from hybrid_jax.errors import ConfigError, invalid_config
 
-ROLES = ('full', 'efficient', 'headwise')  # A layer's role in the study's analyses.
+# A layer's role in the study's analyses; 'pointwise' layers (an MLP alone) mix nothing across positions.
+ROLES = ('full', 'efficient', 'headwise', 'pointwise')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,14 @@ class Field:
 
 def positive_int(default: int, doc: str) -> Field:
   return Field(default, doc, config_keys.positive_int)
+
+
+def nonnegative_int(default: int, doc: str) -> Field:
+  return Field(default, doc, lambda config, key: config_keys.number(config, key, integer=True, nonnegative=True))
+
+
+def nonnegative(default: float, doc: str) -> Field:
+  return Field(default, doc, config_keys.nonnegative)
 
 
 def boolean(default: bool, doc: str) -> Field:
@@ -60,8 +69,8 @@ class MixerKind:
   flops(model_cfg, spec, seq_len) -> its forward FLOPs over one sequence as {'projections', 'core', 'conv'}
     (hybrid_jax.models.flops: weight matmuls, the mixing itself, short convs; remat policies recompute by part).
   spec(model_cfg, index) -> the layer's hybrid_jax.models.pattern.LayerSpec (None: no window, no RoPE).
-  role: 'full' (full causal attention), 'headwise' (full and windowed heads) or 'efficient' (everything else):
-    what the study's analyses group it as.
+  role: 'full' (full causal attention), 'headwise' (full and windowed heads), 'pointwise' (mixes nothing across
+    positions: an MLP layer of its own) or 'efficient' (everything else): what the study's analyses group it as.
   attention: the layer is softmax attention (hybrid_jax.models.mixers.attention.Attention's interface: `qkv`,
     `attend`, `out`, `kv_groups`), so the analyses read its attention weights, restrict its window and ablate its
     heads. A layer that is not attention is restricted by running it on windows of the input (windowed state).
@@ -125,7 +134,8 @@ def register(kind: MixerKind) -> MixerKind:
   """Adds `kind` (the call at the end of a mixer's module); a second kind of the same name is a bug."""
   if kind.name in _KINDS and _origin(_KINDS[kind.name]) != _origin(kind):
     raise ValueError(f'mixer kind {kind.name!r} is registered twice ({_KINDS[kind.name].build} and {kind.build})')
-  sections = {k.section for k in _KINDS.values() if k.section and k.name != kind.name}
+  # Kinds may share a section only by sharing its fields (e.g. the attention kinds, one layer class).
+  sections = {k.section for k in _KINDS.values() if k.section and k.name != kind.name and k.fields is not kind.fields}
   if kind.section and kind.section in sections:
     raise ValueError(f'mixer kind {kind.name!r}: config section model.{kind.section} is another kind\'s')
   _KINDS[kind.name] = kind

@@ -1,0 +1,91 @@
+"""hybrid_jax params <-> the tensors of a recurrent-hybrid family's checkpoint, by the family's rules (families.py).
+
+Import reads every rule's tensor, checks its shape against what the model config implies, splits it into the
+parameters it holds and changes their layout; a tensor the rules do not name is an error (nothing is dropped
+silently). Export runs the same rules backwards and joins fused tensors again.
+"""
+
+import numpy as np
+
+from hybrid_jax.hf import HFError, families, weights
+from hybrid_jax.models import pattern
+
+
+def _entries(family, model_cfg):
+  """(rule, [(our full path, stack index)] per part) of every tensor, top-level first."""
+  for rule in families.top_rules(family):
+    yield rule, [(path, None) for path, _ in rule.parts]
+  for i, (block, index) in enumerate(weights.layer_slots(model_cfg)):
+    for rule in family.layer_rules(model_cfg, pattern.layer_spec(model_cfg, i), i):
+      yield rule, [(block + path, index) for path, _ in rule.parts]
+
+
+def canonical_names(family, names) -> dict[str, str]:
+  """{name as the rules write it: name in the checkpoint} (Nemotron-H files say backbone. for model.)."""
+  out = {}
+  for name in names:
+    canonical = name
+    for prefix in family.prefixes:
+      if name.startswith(prefix):
+        canonical = 'model.' + name[len(prefix):]
+        break
+    out[canonical] = name
+  return out
+
+
+def _shape(abstract, path, index):
+  target = weights.get_path(abstract, path)
+  return target.shape if index is None else target.shape[1:]
+
+
+def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
+  """hybrid_jax params shaped like `abstract` from a family checkpoint (`read(name)` one tensor, `names` all)."""
+  names = canonical_names(family, names)
+  used, stacks = set(), {}
+  params = weights.empty_like(abstract)
+  for rule, targets in _entries(family, model_cfg):
+    shapes = [_shape(abstract, path, index) for path, index in targets]
+    name = rule.name
+    if targets[0][0] == ('lm_head',) and tied:
+      if name in names:
+        raise HFError(f'tie_word_embeddings is true but the checkpoint also holds {names[name]}; set '
+                      'tie_word_embeddings to false in config.json to import the separate head')
+      embed = family.top['embed']
+      value = weights.read_checked(read, set(names.values()), names.get(embed, embed), shapes[0][::-1],
+                                   np.float32).T
+      pieces = [value]
+    else:
+      hf_shape = rule.hf_shape(shapes)
+      if name not in names:
+        raise HFError(f'the checkpoint has no tensor {name!r} (expected shape {tuple(hf_shape)})')
+      y = weights.read_checked(read, set(names.values()), names[name], hf_shape, np.float32)
+      used.add(names[name])
+      pieces = [transform.from_hf(piece, shape) for (_, transform), piece, shape
+                in zip(rule.parts, rule.split(y, shapes), shapes)]
+    for (path, index), value, shape in zip(targets, pieces, shapes):
+      dtype = weights.get_path(abstract, path).dtype
+      value = np.asarray(value, np.float32).astype(dtype)
+      if index is None:
+        weights.set_path(params, path, value)
+      else:
+        stacks.setdefault(path, [None] * weights.get_path(abstract, path).shape[0])[index] = value
+  for path, layers in stacks.items():
+    weights.set_path(params, path, np.stack(layers))
+  unused = sorted(set(names.values()) - used)
+  unused = [n for n in unused if not n.endswith(weights.DERIVED_SUFFIXES)]
+  if unused:
+    raise HFError(f'the checkpoint holds tensors hybrid_jax has no place for: {unused[:8]}'
+                  f'{" ..." if len(unused) > 8 else ""} ({len(unused)} in all)')
+  return params
+
+
+def to_hf(family, params, model_cfg, *, dtype=np.float32) -> dict[str, np.ndarray]:
+  """The family checkpoint's tensors (contiguous numpy arrays in `dtype`) of hybrid_jax params."""
+  tensors = {}
+  for rule, targets in _entries(family, model_cfg):
+    values = [np.asarray(weights.get_path(params, path)) for path, _ in targets]
+    values = [v if index is None else v[index] for v, (_, index) in zip(values, targets)]
+    shapes = [v.shape for v in values]
+    pieces = [transform.to_hf(v) for (_, transform), v in zip(rule.parts, values)]
+    tensors[rule.name] = np.ascontiguousarray(rule.join(pieces, shapes).astype(dtype))
+  return tensors
