@@ -1,7 +1,7 @@
 """`python -m hybrid_jax hf export|import`: a run out to a transformers checkpoint, or one in as a run.
 
-  hf export --workdir RUN --out DIR [--step N] [--arch auto|llama|mistral|smollm3|granite_swa] [--dtype float32]
-            [--max-shard-size 5GB] [--overwrite]
+  hf export --workdir RUN --out DIR [--step N] [--arch auto|llama|mistral|smollm3|granite_swa|qwen3_5_text]
+            [--dtype float32] [--max-shard-size 5GB] [--overwrite]
   hf import PATH --workdir RUN [--dtype float32] [--tensor-names TABLE.json]
     (--dtype: the imported run's compute dtype; --tensor-names: the checkpoint's tensor names, when they are not
     its model_type's, e.g. remote modeling code; format in hybrid_jax.hf.weights.NameTable)
@@ -13,7 +13,7 @@ import json
 import pathlib
 
 from hybrid_jax import checks, command_line
-from hybrid_jax.hf import HFError, config_map, io
+from hybrid_jax.hf import HFError, config_map, family_export, io
 
 
 def _refuse_files_in(folder, flag: str, advice: str):
@@ -36,8 +36,9 @@ def _parser() -> command_line.ArgumentParser:
                       help='output directory for the transformers checkpoint')
   export.add_argument('--step', type=checks.NONNEGATIVE_INT, default=None,
                       help='checkpoint step (default: the newest)')
-  export.add_argument('--arch', default='auto', choices=['auto', *config_map.HF_CLASSES],
-                      help='transformers architecture (auto: Llama, Mistral or SmolLM3, the plainest that fits)')
+  export.add_argument('--arch', default='auto', choices=['auto', *config_map.HF_CLASSES, *family_export.EXPORTERS],
+                      help='transformers architecture (auto: Llama, Mistral or SmolLM3, the plainest that fits; '
+                           'Qwen3.5 for a GDN hybrid)')
   export.add_argument('--dtype', default='float32', choices=list(io.EXPORT_DTYPES), help='tensor dtype on disk')
   export.add_argument('--max-shard-size', default=None,
                       help='largest safetensors file (e.g. 5GB, 500MB, 2GiB): shards listed in '

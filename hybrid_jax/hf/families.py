@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from hybrid_jax.hf import HFError, weights
+from hybrid_jax.hf import HFError
 from hybrid_jax.hf.weights import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE, Transform
 
 # [C, 1, K] depthwise conv weight <-> ours [K, *channels].

@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 from hybrid_jax import readers
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.errors import DataError
-from hybrid_jax.hf import HFError, config_map, families, family_weights, weights
+from hybrid_jax.hf import HFError, config_map, families, family_export, family_weights, weights
 
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -88,13 +88,39 @@ def _save_tensors(tensors: dict, out: pathlib.Path, max_shard_bytes: int | None)
   return files
 
 
+def family_arch(model_cfg, arch: str) -> str | None:
+  """The recurrent-hybrid family `arch` names (auto: Qwen3.5 for a GDN model, the one such exporter), or None
+  for the attention classes (config_map)."""
+  if arch in families.FAMILIES:
+    return arch
+  kinds = set(model_cfg.cycle)
+  if arch == 'auto' and 'gdn' in kinds and kinds <= {'gdn', 'full'}:
+    return 'qwen3_5_text'
+  return None
+
+
+def check_exportable(model_cfg, arch: str = 'auto'):
+  """HFError naming what no transformers class of `arch` expresses, before any parameter is read."""
+  family = family_arch(model_cfg, arch)
+  if family:
+    family_export.to_hf_config(model_cfg, family, max_positions=1, eos_id=None)
+  else:
+    config_map.layer_plan(model_cfg)
+
+
 def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, dtype: str = 'float32',
              eos_id: int | None = None, max_shard_bytes: int | None = None) -> dict:
   """Writes `out/config.json` and the safetensors (one file, or shards of at most `max_shard_bytes`) for
   hybrid_jax params; returns the config written."""
-  hf_config = config_map.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
+  family = family_arch(model_cfg, arch)
+  if family:
+    hf_config = family_export.to_hf_config(model_cfg, family, max_positions=max_positions, eos_id=eos_id)
+    tensors = family_weights.to_hf(families.FAMILIES[family], params, model_cfg, dtype=_np_dtype(dtype))
+  else:
+    hf_config = config_map.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
+    tensors = weights.to_hf_tensors(params, model_cfg, weights.TABLES[hf_config['model_type']],
+                                    dtype=_np_dtype(dtype))
   hf_config['dtype'] = dtype
-  tensors = weights.to_hf_tensors(params, model_cfg, weights.TABLES[hf_config['model_type']], dtype=_np_dtype(dtype))
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   for stale in [out / WEIGHTS_FILE, out / INDEX_FILE, *out.glob(SHARD_NAME.replace('{:05d}', '*'))]:
@@ -131,7 +157,7 @@ def export_run(workdir, out, *, step: int | None = None, arch: str = 'auto', dty
   from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top  (jax and orbax only when needed)
   max_shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
   config = runs.load_config(workdir)
-  config_map.layer_plan(config.model)  # Refuse unexportable mixers before restoring any parameter.
+  check_exportable(config.model, arch)  # Refuse unexportable models before restoring any parameter.
   run = runs.load_run(workdir, step, config=config)
   tokenizer = config.data.tokenizer
   out = pathlib.Path(out)

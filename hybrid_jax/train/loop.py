@@ -20,8 +20,7 @@ import numpy as np
 import tqdm
 
 from hybrid_jax.config import ConfigError, validate
-from hybrid_jax.data.pipeline import make_train_dataset
-from hybrid_jax.data.tokenizers import get_tokenizer
+from hybrid_jax.data.pipeline import checked_tokenizer, make_train_dataset
 from hybrid_jax.errors import UserError
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.models.flops import training_flops_per_token
@@ -83,13 +82,6 @@ def _stop_requested(flag, step) -> bool:
   return bool(multihost_utils.reached_preemption_sync_point(step))
 
 
-def _check_vocab(config):
-  tokenizer = get_tokenizer(config.data.tokenizer)
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ConfigError(f'config.model.vocab_size={config.model.vocab_size} is invalid: the tokenizer '
-                      f'{config.data.tokenizer!r} has {tokenizer.vocab_size} tokens; use at least that many')
-
-
 def init_from_mismatch(run_dir, model_cfg) -> str | None:
   """Why parameters taken from `run_dir` compute something else in a model of `model_cfg` that has the same shapes
   (a mixer's constants that are not parameters, e.g. Lightning's decay rates: each registry entry's
@@ -137,7 +129,7 @@ def train(config, workdir, hooks: hooks_lib.HookFactory | None = None) -> dict:
   """
   workdir = runs.local_workdir(workdir)
   validate(config)
-  _check_vocab(config)
+  checked_tokenizer(config)
   distributed.initialize(config.parallel.distributed)
   distributed.check_same_config(config, config.parallel.distributed.barrier_timeout_s)
   with session_lib.open_session(config, workdir) as session:

@@ -16,7 +16,8 @@ import orbax.checkpoint as ocp
 
 from hybrid_jax import readers
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
-from hybrid_jax.data.tokenizers import Tokenizer, get_tokenizer
+from hybrid_jax.data import pipeline
+from hybrid_jax.data.tokenizers import Tokenizer
 from hybrid_jax.errors import DataError, UserError
 from hybrid_jax.models.mixers import registry
 from hybrid_jax.train import checkpoint, config_history, state as state_lib
@@ -64,7 +65,9 @@ class Run:
 
   @property
   def tokenizer(self) -> Tokenizer:
-    return get_tokenizer(self.config.data.tokenizer)
+    """The run's tokenizer; ConfigError when the model's vocabulary cannot hold its ids (an imported checkpoint
+    without a tokenizer of its own gets the byte tokenizer, 257 ids)."""
+    return pipeline.checked_tokenizer(self.config)
 
   @property
   def model(self):

@@ -1,0 +1,82 @@
+"""hf export of a recurrent hybrid as one of the families' classes, where that class computes exactly what it does.
+
+The family's config.json is written from the model config, then read back by the family's own import plan
+(families.py); every key of the model's function must come back equal, or the export is refused naming the key.
+So a refusal names the model option the class lacks (e.g. model.attention.output_gate=False against Qwen3.5's gate).
+"""
+
+import math
+
+from hybrid_jax.hf import HFError
+from hybrid_jax.hf.families import FAMILIES
+from hybrid_jax.models import pattern
+from hybrid_jax.models.mixers import registry
+
+
+def _qwen3_5_config(m) -> dict:
+  """Qwen3.5's config.json fields for a model of its shape (checked against the model by `to_hf_config`)."""
+  kinds = [pattern.layer_spec(m, i).kind for i in range(m.num_layers)]
+  g = m.gdn
+  return dict(
+      layer_types=['full_attention' if k == 'full' else 'linear_attention' for k in kinds],
+      head_dim=m.head_dim, intermediate_size=m.d_ff, rms_norm_eps=m.norm_eps, hidden_act='silu',
+      attention_bias=False, tie_word_embeddings=False, linear_num_key_heads=g.num_heads,
+      linear_num_value_heads=g.value_heads or g.num_heads, linear_key_head_dim=g.key_dim,
+      linear_value_head_dim=g.value_dim, linear_conv_kernel_dim=g.conv_width,
+      rope_parameters={'rope_type': 'default', 'rope_theta': float(m.rope_base),
+                       'partial_rotary_factor': (m.attention.rope_dims or m.head_dim) / m.head_dim})
+
+
+EXPORTERS = {'qwen3_5_text': _qwen3_5_config}
+# Model keys an exported config must reproduce: every key the model's function depends on (mixer sections whole).
+_FUNCTION_KEYS = ('vocab_size', 'd_model', 'num_layers', 'num_heads', 'num_kv_heads', 'head_dim', 'd_ff', 'cycle',
+                  'window', 'rope_full', 'rope_swa', 'rope_base', 'headwise_full_kv_heads', 'norm_eps', 'mlp',
+                  'block_mlp', 'embedding_multiplier', 'residual_multiplier', 'logits_scaling', 'attention_scale',
+                  'attention_sinks')
+
+
+def to_hf_config(model_cfg, model_type: str, *, max_positions: int, eos_id: int | None) -> dict:
+  """The config.json of `model_type` for a hybrid_jax model; HFError naming the first model field the family's
+  class computes differently (the written config is read back by the family's own import plan and compared)."""
+  if model_type not in EXPORTERS:
+    raise HFError(f'--arch={model_type}: export writes {", ".join(EXPORTERS)} among the recurrent hybrids '
+                  f'({model_type} is import-only)')
+  family = FAMILIES[model_type]
+  hf = dict(architectures=[family.hf_class], model_type=model_type, vocab_size=model_cfg.vocab_size,
+            hidden_size=model_cfg.d_model, num_hidden_layers=model_cfg.num_layers,
+            num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
+            max_position_embeddings=max_positions, bos_token_id=None, eos_token_id=eos_id, pad_token_id=None,
+            dtype='float32', **EXPORTERS[model_type](model_cfg))
+  fields, _ = family.plan(hf)
+  _check_same(model_cfg, fields, model_type)
+  return hf
+
+
+def _check_same(model_cfg, fields: dict, model_type: str):
+  """HFError naming the first model field whose value differs from what the class computes (`fields`)."""
+  used = set(model_cfg.cycle)
+  expected = {}
+  for key in _FUNCTION_KEYS:
+    if key in model_cfg:
+      expected[key] = fields.get(key, _BASE_DEFAULTS.get(key, model_cfg[key]))
+  for kind in registry.kinds():
+    if kind.section and kind.name in used:
+      for name, field in kind.fields.items():
+        expected[f'{kind.section}.{name}'] = fields.get(kind.section, {}).get(name, field.default)
+  for key, want in expected.items():
+    section, _, name = key.rpartition('.')
+    have = model_cfg[section][name] if section else model_cfg[key]
+    have, want = (tuple(have), tuple(want)) if key == 'cycle' else (have, want)
+    if key in ('window', 'headwise_full_kv_heads') and not used & {'swa', 'headwise'}:
+      continue
+    if key == 'rope_base' and not (model_cfg.rope_full or model_cfg.rope_swa):
+      continue
+    if have != want and not (isinstance(have, float) and isinstance(want, float) and math.isclose(have, want)):
+      raise HFError(f'the model sets model.{key}={have!r}, but {model_type} computes {want!r} there; no '
+                    f'{FAMILIES[model_type].hf_class} holds this model')
+
+
+# The base config's plain block, for keys a family's plan leaves at that.
+_BASE_DEFAULTS = dict(window=128, rope_full=True, rope_swa=True, headwise_full_kv_heads=1, mlp='swiglu',
+                      block_mlp=True, embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+                      attention_scale=0.0, attention_sinks=False)
