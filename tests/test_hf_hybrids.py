@@ -1,0 +1,243 @@
+"""The released recurrent hybrids (Qwen3.5, OLMo Hybrid, Nemotron-H, Bamba, Granite-4.0-H) in and out of hybrid_jax.
+
+Each fixture under tests/data/hf/ is a tiny random model saved by transformers 5.23 with, in reference.safetensors,
+its logits over the whole prompt (prefill), `decode_logits` fed one token at a time through its cache, and 8 greedy
+tokens (scripts/hf_reference_logits.py). Prefill and greedy are checked by test_hf.py's parametrised tests; here:
+the cached decode, the refusals, the analyses and training on an imported model, and export as Qwen3.5.
+"""
+
+import json
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from hybrid_jax import command_line
+from hybrid_jax.commands import analyze, hf as hf_cli, train as train_cli
+from hybrid_jax.hf import HFError, families, family_export, io
+from hybrid_jax.train import runs
+from tests.test_hf import DATA, REL_TOL, _logits, _rel_err, _tiny_config
+
+HYBRIDS = {'qwen3_5_text': 'hf_qwen3_5', 'olmo_hybrid': 'hf_olmo_hybrid', 'nemotron_h': 'hf_nemotron_h',
+           'bamba': 'hf_bamba', 'granitemoehybrid': 'hf_granite_hybrid'}
+
+
+def test_every_family_has_a_fixture():
+  assert set(HYBRIDS) == set(families.FAMILIES)
+  for model_type, name in HYBRIDS.items():
+    assert json.loads((DATA / name / 'config.json').read_text())['model_type'] == model_type
+
+
+@pytest.mark.parametrize('name', HYBRIDS.values())
+def test_cached_decode_matches_transformers(name):
+  """Prefill of the first token, then one step per token through the decode states (KV caches, conv and scan
+  states), against transformers' own cached decode."""
+  config, params, _ = io.read_hf(DATA / name)
+  ref = load_file(str(DATA / name / 'reference.safetensors'))
+  from hybrid_jax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  model = state_lib.make_model_def(config.model).bind(params)
+  tokens = jnp.asarray(ref['tokens'])
+  state = model.init_decode_state(tokens.shape[0], tokens.shape[1])
+  logits, state = model.prefill(tokens[:, :1], state)
+  steps = [np.asarray(logits)]
+  for t in range(1, tokens.shape[1]):
+    step, state = model.step(tokens[:, t], jnp.int32(t), state)
+    steps.append(np.asarray(step)[:, None])
+  assert _rel_err(np.concatenate(steps, axis=1), ref['decode_logits']) <= REL_TOL
+
+
+def test_imported_options():
+  """Each family's config.json becomes the model options of the same meaning."""
+  plan = lambda name: families.FAMILIES[io.read_hf_config(DATA / name)['model_type']].plan(
+      io.read_hf_config(DATA / name))[0]
+  qwen = plan('hf_qwen3_5')
+  assert qwen['cycle'] == ('gdn', 'gdn', 'gdn', 'full') and qwen['attention'] == dict(
+      qk_norm='head', output_gate=True, rope_dims=4)
+  assert qwen['gdn'] == dict(num_heads=2, value_heads=4, key_dim=8, value_dim=6, conv_width=4)
+  olmo = plan('hf_olmo_hybrid')
+  assert olmo['cycle'] == ('gdn', 'gdn', 'full') and olmo['attention']['post_norm'] and olmo['gdn']['neg_eigval']
+  nemo = plan('hf_nemotron_h')
+  assert (nemo['cycle'], nemo['block_mlp'], nemo['mlp'], nemo['rope_full']) == (
+      ('mamba2', 'mlp', 'mamba2', 'full'), False, 'relu2', False)
+  assert nemo['mamba2']['num_groups'] == 2 and nemo['mamba2']['dt_floor'] == 0.001
+  bamba = plan('hf_bamba')
+  assert bamba['cycle'] == ('mamba2', 'mamba2', 'full') and bamba['attention'] == dict(rope_dims=4)
+  granite = plan('hf_granite_hybrid')
+  assert (granite['rope_full'], granite['attention_scale'], granite['d_ff']) == (False, 0.3, 24)
+
+
+def _no_weights_copy(tmp_path, name, change):
+  """A copy of fixture `name` with config.json changed and a model.safetensors that cannot be read: a refusal
+  from it was made before any weight was read."""
+  target = tmp_path / name
+  shutil.copytree(DATA / name, target)
+  (target / io.WEIGHTS_FILE).write_bytes(b'not safetensors')
+  config = {**json.loads((target / 'config.json').read_text()), **change}
+  (target / 'config.json').write_text(json.dumps({k: v for k, v in config.items() if v != 'DROP'}))
+  return target
+
+
+@pytest.mark.parametrize('name, change, match', [
+    ('hf_qwen3_5', dict(linear_num_value_heads=3), r'linear_num_value_heads=3 .*multiple of linear_num_key_heads=2'),
+    ('hf_qwen3_5', dict(attention_bias=True), r'attention_bias=True .*no biases'),
+    ('hf_qwen3_5', dict(hidden_act='gelu'), r"hidden_act='gelu'"),
+    ('hf_qwen3_5', dict(rope_parameters={'rope_type': 'yarn', 'rope_theta': 1e4}), r"rope_type='yarn'"),
+    ('hf_qwen3_5', dict(layer_types=['linear_attention'] * 3), r'one entry per layer \(num_hidden_layers=4\)'),
+    ('hf_olmo_hybrid', dict(layer_types=['linear_attention', 'sliding_attention', 'full_attention',
+                                         'linear_attention']), r"layer_types=.*'linear_attention', 'full_attention'"),
+    ('hf_nemotron_h', dict(layers_block_type=['linear_attention', 'moe', 'full_attention']),
+     r"layers_block_type=.*'moe' is not: mixtures of experts are not supported"),
+    ('hf_nemotron_h', dict(layers_block_type='DROP', hybrid_override_pattern='M-E*'), r"'moe' is not: mixtures"),
+    ('hf_nemotron_h', dict(use_bias=True), r'use_bias=True'),
+    ('hf_nemotron_h', dict(mlp_hidden_act='gelu'), r"mlp_hidden_act='gelu' .*squared ReLU"),
+    ('hf_bamba', dict(attn_layer_indices=[7]), r'attn_layer_indices=\[7\] .*layer indices in 0..3'),
+    ('hf_bamba', dict(mamba_proj_bias=True), r'mamba_proj_bias=True'),
+    ('hf_bamba', dict(time_step_limit=[0.0, 0.5]), r'time_step_limit=\[0.0, 0.5\] .*no ceiling'),
+    ('hf_bamba', dict(mamba_d_head=3), r'mamba_d_head=3 .*inner width 32'),
+    ('hf_granite_hybrid', dict(num_local_experts=8), r'num_local_experts=8 .*only the dense Granite-4.0-H'),
+    ('hf_granite_hybrid', dict(attention_multiplier=0), r'attention_multiplier=0 .*finite number > 0'),
+])
+def test_import_refuses_what_the_model_cannot_hold(tmp_path, name, change, match):
+  with pytest.raises(HFError, match=match):
+    io.read_hf(_no_weights_copy(tmp_path, name, change))
+
+
+def _edited(tmp_path, name, edit):
+  target = tmp_path / name
+  shutil.copytree(DATA / name, target)
+  tensors = load_file(str(target / io.WEIGHTS_FILE))
+  edit(tensors)
+  save_file(tensors, str(target / io.WEIGHTS_FILE))
+  return target
+
+
+@pytest.mark.parametrize('name, edit, match', [
+    # An MoE expert tensor in a checkpoint whose config says dense: no place for it.
+    ('hf_granite_hybrid', lambda t: t.__setitem__('model.layers.0.block_sparse_moe.router.layer.weight',
+                                                  np.zeros((8, 16), np.float32)),
+     r'no place for: \[.model.layers.0.block_sparse_moe.router.layer.weight.\]'),
+    ('hf_nemotron_h', lambda t: t.pop('backbone.layers.0.mixer.conv1d.bias'),
+     r"no tensor 'model.layers.0.mixer.conv1d.bias'"),
+    ('hf_qwen3_5', lambda t: t.__setitem__('model.layers.0.linear_attn.in_proj_qkv.weight', np.zeros((48, 16),
+                                                                                                      np.float32)),
+     r"in_proj_qkv.weight' has shape \(48, 16\), but config.json implies \(56, 16\)"),
+    ('hf_bamba', lambda t: t.__setitem__('model.layers.0.mamba.in_proj.bias', np.zeros(100, np.float32)),
+     r'no place for: \[.model.layers.0.mamba.in_proj.bias.\]'),
+])
+def test_import_refuses_tensors_it_has_no_place_for(tmp_path, name, edit, match):
+  with pytest.raises(HFError, match=match):
+    io.read_hf(_edited(tmp_path, name, edit))
+
+
+def _import_with_tokenizer(tmp_path, name):
+  """`hf import` of a fixture given a 46-character tokenizer (its vocabulary is 64 ids: the byte tokenizer's
+  257 would not fit)."""
+  source = tmp_path / 'source'
+  shutil.copytree(DATA / name, source)
+  for file in (DATA / 'char_tokenizer').iterdir():
+    shutil.copy(file, source / file.name)
+  run = tmp_path / 'run'
+  assert hf_cli.main(['import', str(source), '--workdir', str(run)]) == 0
+  return run
+
+
+@pytest.mark.parametrize('name', HYBRIDS.values())
+def test_retrieval_heads_and_restriction_run_on_an_imported_model(tmp_path, capsys, name):
+  run = _import_with_tokenizer(tmp_path, name)
+  assert analyze.main(['retrieval-heads', '--workdir', str(run), '--source', 'study', '--length', '200',
+                       '--samples', '2', '--no-progress']) == 0
+  heads = json.loads((run / 'analysis' / 'retrieval_heads.json').read_text())
+  config = runs.load_config(run)
+  attention = [l for l in heads['layers'] if l['scored']]
+  assert [l['kind'] for l in attention] == ['full'] and len(attention[0]['mass']) == config.model.num_heads
+  assert all(np.isfinite(attention[0]['mass'])) and heads['layers'][0]['kind'] == config.model.cycle[0]
+  assert analyze.main(['restriction', '--workdir', str(run), '--windows', '8', '--metrics', 'loss', '--seq-len',
+                       '64', '--batches', '1', '--no-progress']) == 0
+  rows = {row['target']: row['loss'] for row in json.loads((run / 'analysis' / 'restriction.json').read_text())
+          ['rows']}
+  assert set(rows) == {None, 'full', 'efficient'} and all(np.isfinite(v) for v in rows.values())
+  assert rows['full'] != rows[None] and rows['efficient'] != rows[None]  # Both restrictions changed the function.
+  capsys.readouterr()
+
+
+def test_an_imported_model_without_a_fitting_tokenizer_is_refused_by_the_analyses(tmp_path, capsys):
+  """No tokenizer in the checkpoint: the run gets the byte tokenizer, whose 257 ids do not fit a 64-row embedding;
+  an analysis says so instead of reading past the table."""
+  run = tmp_path / 'run'
+  assert hf_cli.main(['import', str(DATA / 'hf_bamba'), '--workdir', str(run)]) == 0
+  capsys.readouterr()
+  status = command_line.run(analyze.main, ['retrieval-heads', '--workdir', str(run), '--source', 'study',
+                                           '--length', '200', '--samples', '2', '--no-progress'])
+  assert status == 2 and 'model.vocab_size=64 is invalid' in capsys.readouterr().err
+
+
+def test_training_continues_from_an_imported_model(tmp_path, capsys):
+  run = _import_with_tokenizer(tmp_path, 'hf_nemotron_h')
+  out = tmp_path / 'trained'
+  config = runs.load_config(run)
+  tokenizer = config.data.tokenizer
+  flags = [f'--workdir={out}', f'--config.train.init_from={run}', '--config.train.steps=2',
+           '--config.train.batch_size=2', '--config.data.seq_len=32', f'--config.data.tokenizer={tokenizer}',
+           '--config.model.vocab_size=64', '--config.model.d_model=16', '--config.model.num_layers=6',
+           '--config.model.num_heads=4', '--config.model.num_kv_heads=2', '--config.model.head_dim=8',
+           '--config.model.d_ff=32', "--config.model.cycle=('mamba2','mlp','mamba2','full')",
+           '--config.model.block_mlp=False', '--config.model.mlp=relu2', '--config.model.rope_full=False',
+           '--config.model.norm_eps=1e-5', '--config.model.mamba2.num_heads=4', '--config.model.mamba2.head_dim=4',
+           '--config.model.mamba2.state_dim=8', '--config.model.mamba2.num_groups=2',
+           '--config.model.mamba2.conv_bias=True', '--config.model.mamba2.norm_by_group=True',
+           '--config.model.mamba2.dt_floor=0.001', '--config.train.checkpoint_every=2', '--config.train.log_every=1',
+           '--config.eval.documents=0', '--config.eval.batches=1', '--config.train.progress=False']
+  status = command_line.run(train_cli.main, flags)
+  err = capsys.readouterr().err
+  assert status in (0, None), err[-3000:]
+  records = [json.loads(line) for line in (out / 'metrics.jsonl').read_text().splitlines()]
+  losses = [r['loss'] for r in records if 'loss' in r]
+  assert losses and all(np.isfinite(losses))
+  # The first step's loss is the imported model's own (the parameters came from it, not from init).
+  imported = runs.load_run(run)
+  trained = runs.load_run(out)
+  assert trained.step == 2 and set(trained.params) == set(imported.params)
+
+
+def test_export_as_qwen3_5_round_trips(tmp_path):
+  """Import, then export as Qwen3.5: the same tensors (the zero-centred norms to one rounding) and a config.json
+  that imports to the same model."""
+  config, params, _ = io.read_hf(DATA / 'hf_qwen3_5')
+  written = io.write_hf(tmp_path, config.model, params, max_positions=64)
+  assert written['model_type'] == 'qwen3_5_text' and written['architectures'] == ['Qwen3_5ForCausalLM']
+  ours, theirs = load_file(str(tmp_path / io.WEIGHTS_FILE)), load_file(str(DATA / 'hf_qwen3_5' / io.WEIGHTS_FILE))
+  assert ours.keys() == theirs.keys()
+  for key in ours:
+    np.testing.assert_allclose(ours[key], theirs[key], rtol=0, atol=1e-7, err_msg=key)
+  again, params_again, _ = io.read_hf(tmp_path)
+  assert again.model.to_dict() == config.model.to_dict()
+  ref = load_file(str(DATA / 'hf_qwen3_5' / 'reference.safetensors'))
+  assert _rel_err(_logits(again.model, params_again, ref['tokens']), ref['logits']) <= REL_TOL
+
+
+@pytest.mark.parametrize('fields, match', [
+    (dict(cycle=('gdn', 'full')), r"model.attention.qk_norm='none', but qwen3_5_text computes 'head'"),
+    (dict(cycle=('gdn', 'full'), attention=dict(qk_norm='head', output_gate=False)),
+     r'model.attention.output_gate=False'),
+    (dict(cycle=('gdn', 'full'), attention=dict(qk_norm='head', output_gate=True), gdn=dict(neg_eigval=True)),
+     r'model.gdn.neg_eigval=True'),
+    (dict(cycle=('gdn', 'swa'), attention=dict(qk_norm='head', output_gate=True)), r'model.cycle'),
+])
+def test_export_refuses_what_qwen3_5_computes_differently(fields, match):
+  config = _tiny_config()
+  fields = dict(fields)
+  sections = {k: fields.pop(k) for k in ('attention', 'gdn') if k in fields}
+  config.model.update(fields)
+  for section, values in sections.items():
+    config.model[section].update(values)
+  with pytest.raises(HFError, match=match):
+    io.check_exportable(config.model, 'qwen3_5_text')
+
+
+def test_families_other_than_qwen3_5_are_import_only():
+  config = _tiny_config(cycle=('mamba2', 'full'))
+  with pytest.raises(HFError, match=r'--arch=bamba: export writes qwen3_5_text .*bamba is import-only'):
+    io.check_exportable(config.model, 'bamba')
+  assert set(family_export.EXPORTERS) == {'qwen3_5_text'}
