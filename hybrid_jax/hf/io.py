@@ -160,10 +160,13 @@ def export_run(workdir, out, *, step: int | None = None, arch: str = 'auto', dty
   check_exportable(config.model, arch)  # Refuse unexportable models before restoring any parameter.
   run = runs.load_run(workdir, step, config=config)
   tokenizer = config.data.tokenizer
+  # The tokenizer as it is (not Run.tokenizer, which refuses one larger than the vocabulary): export copies it.
+  from hybrid_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  run_tokenizer = tokenizers.get_tokenizer(tokenizer)
   out = pathlib.Path(out)
   hf_config = write_hf(out, config.model, run.params, arch=arch, max_positions=config.data.seq_len, dtype=dtype,
-                       eos_id=run.tokenizer.eos_id, max_shard_bytes=max_shard_bytes)
-  tokenizer_files = _write_tokenizer(tokenizer, run.tokenizer, out, config.data.seq_len)
+                       eos_id=run_tokenizer.eos_id, max_shard_bytes=max_shard_bytes)
+  tokenizer_files = _write_tokenizer(tokenizer, run_tokenizer, out, config.data.seq_len)
   return {'out': str(out), 'step': run.step, 'model_type': hf_config['model_type'],
           'architectures': hf_config['architectures'], 'tokenizer': tokenizer, 'tokenizer_files': tokenizer_files,
           'weight_files': sorted(p.name for p in out.glob('*.safetensors'))}
