@@ -326,7 +326,7 @@ def test_step_bad_arguments():
   with pytest.raises(ValueError, match='log_decay_t must be <= 0'):
     linear_scan_step(z(1, 2, 8, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2, 8), jnp.ones((1, 2)))
   with pytest.raises(ValueError, match='beta_t must be <= 2'):
-    gated_delta_rule_step(z(1, 2, 8, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2), jnp.full((1, 2), 2.5))
+    gated_delta_rule_step(z(1, 2, 8, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2, 8), z(1, 2), jnp.full((1, 2), 2.5))
 
 
 # Short causal convolution.
