@@ -1,97 +1,18 @@
 """The recurrent hybrids people release, as hybrid_jax models: Qwen3.5, OLMo Hybrid, Nemotron-H, Bamba, Granite-4.0-H.
 
 Each family is a `Family`: how its `config.json` maps onto model fields (refusing, field by field, what the model
-cannot hold, before a weight is read) and its tensor rules (`Rule`): which checkpoint tensor holds which parameters,
-and how the layouts differ. A rule may split one tensor into several parameters (a fused in_proj [z | x | B | C |
-dt], a q_proj interleaving query and gate per head) and joins them back on export. docs/HF.md lists the families,
-the options each maps to and the refusals.
+cannot hold, before a weight is read) and its tensor rules (hybrid_jax.hf.tensor_rules): which checkpoint tensor
+holds which parameters, and how the layouts differ. docs/HF.md lists the families, the options each maps to and the
+refusals.
 """
 
 import dataclasses
 import math
 from typing import Callable
 
-import numpy as np
-
 from hybrid_jax.hf import HFError
-from hybrid_jax.hf.weights import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE, Transform
-
-# [C, 1, K] depthwise conv weight <-> ours [K, *channels].
-CONV = Transform(lambda x: x.reshape(x.shape[0], -1).T[:, None, :], lambda y, shape: y[:, 0, :].T.reshape(shape),
-                 lambda s: (math.prod(s[1:]), 1, s[0]))
-# A zero-centred norm weight w (the norm scales by 1 + w; Qwen3.5) <-> our scale 1 + w.
-ZERO_CENTRED = Transform(lambda x: x - 1, lambda y, shape: y + 1, lambda s: tuple(s))
-# A flat vector over every head's channels <-> ours [heads, dim].
-FLAT = Transform(lambda x: x.reshape(-1), lambda y, shape: y.reshape(shape), lambda s: (math.prod(s),))
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  """One checkpoint tensor: `name`, and the parameters (block-relative or top-level paths, each with its layout
-  change) it holds, in order along axis 0 (`interleave` > 0: split per head into that many parts, Qwen3.5's q_proj
-  [heads x (query | gate)])."""
-  name: str
-  parts: tuple  # ((path, Transform), ...)
-  interleave: int = 0
-
-  def hf_shape(self, shapes) -> tuple:
-    hf = [transform.hf_shape(shape) for (_, transform), shape in zip(self.parts, shapes)]
-    if len(hf) == 1:
-      return hf[0]
-    return (sum(s[0] for s in hf), *hf[0][1:])
-
-  def split(self, y, shapes) -> list:
-    if len(self.parts) == 1:
-      return [y]
-    hf = [transform.hf_shape(shape) for (_, transform), shape in zip(self.parts, shapes)]
-    if self.interleave:
-      heads = shapes[0][1]  # [embed, heads, head_dim] parts.
-      per_head = y.reshape(heads, -1, y.shape[-1])
-      return [p.reshape(-1, y.shape[-1]) for p in np.split(per_head, self.interleave, axis=1)]
-    return np.split(y, np.cumsum([s[0] for s in hf])[:-1], axis=0)
-
-  def join(self, pieces, shapes):
-    if len(pieces) == 1:
-      return pieces[0]
-    if self.interleave:
-      heads = shapes[0][1]
-      return np.concatenate([p.reshape(heads, -1, p.shape[-1]) for p in pieces], axis=1).reshape(-1,
-                                                                                               pieces[0].shape[-1])
-    return np.concatenate(pieces, axis=0)
-
-
-def _attention_rules(p: str, options: dict, *, gate_interleaved=False) -> list[Rule]:
-  q = Rule(p + 'q_proj.weight', ((('mixer', 'wq'), HEADS_IN), (('mixer', 'wgate'), HEADS_IN)), interleave=2) \
-      if gate_interleaved else Rule(p + 'q_proj.weight', ((('mixer', 'wq'), HEADS_IN),))
-  rules = [q, Rule(p + 'k_proj.weight', ((('mixer', 'wk'), HEADS_IN),)),
-           Rule(p + 'v_proj.weight', ((('mixer', 'wv'), HEADS_IN),)),
-           Rule(p + 'o_proj.weight', ((('mixer', 'wo'), HEADS_OUT),))]
-  norm = options.get('qk_norm')
-  if norm:
-    transform = {'head': ZERO_CENTRED if options.get('zero_centred') else SAME, 'all': FLAT}[norm]
-    rules += [Rule(p + 'q_norm.weight', ((('mixer', 'q_norm'), transform),)),
-              Rule(p + 'k_norm.weight', ((('mixer', 'k_norm'), transform),))]
-  return rules
-
-
-def _mamba_rules(p: str, conv_bias: bool) -> list[Rule]:
-  m = lambda name: ('mixer', name)
-  rules = [Rule(p + 'in_proj.weight', ((m('in_z'), HEADS_IN), (m('in_x'), HEADS_IN), (m('in_b'), TRANSPOSE),
-                                        (m('in_c'), TRANSPOSE), (m('in_dt'), TRANSPOSE))),
-           Rule(p + 'conv1d.weight', ((m('conv_x'), CONV), (m('conv_b'), CONV), (m('conv_c'), CONV))),
-           Rule(p + 'A_log', ((m('A_log'), SAME),)), Rule(p + 'D', ((m('D'), SAME),)),
-           Rule(p + 'dt_bias', ((m('dt_bias'), SAME),)), Rule(p + 'norm.weight', ((m('norm'), FLAT),)),
-           Rule(p + 'out_proj.weight', ((m('out'), HEADS_OUT),))]
-  if conv_bias:
-    rules.append(Rule(p + 'conv1d.bias', ((m('conv_bias_x'), FLAT), (m('conv_bias_b'), SAME),
-                                          (m('conv_bias_c'), SAME))))
-  return rules
-
-
-def _swiglu_rules(p: str, gate='gate_proj', up='up_proj', down='down_proj', path='mlp') -> list[Rule]:
-  return [Rule(p + gate + '.weight', (((path, 'gate'), TRANSPOSE),)),
-          Rule(p + up + '.weight', (((path, 'up'), TRANSPOSE),)),
-          Rule(p + down + '.weight', (((path, 'down'), TRANSPOSE),))]
+from hybrid_jax.hf.tensor_rules import CONV, ZERO_CENTRED, Rule, attention_rules, mamba_rules, swiglu_rules
+from hybrid_jax.hf.weights import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE
 
 
 # ---------------------------------------------------------------------------------------------------- config
@@ -255,9 +176,9 @@ def _qwen3_5_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
   rules = [Rule(p + 'input_layernorm.weight', ((('mixer_norm', 'scale'), ZERO_CENTRED),)),
            Rule(p + 'post_attention_layernorm.weight', ((('mlp_norm', 'scale'), ZERO_CENTRED),)),
-           *_swiglu_rules(p + 'mlp.')]
+           *swiglu_rules(p + 'mlp.')]
   if spec.kind == 'full':
-    return rules + _attention_rules(p + 'self_attn.', dict(qk_norm='head', zero_centred=True), gate_interleaved=True)
+    return rules + attention_rules(p + 'self_attn.', dict(qk_norm='head', zero_centred=True), gate_interleaved=True)
   a = p + 'linear_attn.'
   m = lambda name: ('mixer', name)
   return rules + [
@@ -302,11 +223,11 @@ def _olmo_hybrid_rules(model_cfg, spec, i):
   # On disk (save_pretrained), input_layernorm is attention_layer_norm and post_attention_layernorm is
   # feedforward_layer_norm, in every layer; an attention layer has no input norm (its block is post-norm).
   p = f'model.layers.{i}.'
-  rules = [*_swiglu_rules(p + 'mlp.')]
+  rules = [*swiglu_rules(p + 'mlp.')]
   if spec.kind == 'full':
     return rules + [Rule(p + 'feedforward_layer_norm.weight', ((('mixer_norm', 'scale'), SAME),)),
                     Rule(p + 'post_feedforward_layernorm.weight', ((('mlp_norm', 'scale'), SAME),)),
-                    *_attention_rules(p + 'self_attn.', dict(qk_norm='all'))]
+                    *attention_rules(p + 'self_attn.', dict(qk_norm='all'))]
   a = p + 'linear_attn.'
   m = lambda name: ('mixer', name)
   return rules + [
@@ -353,11 +274,11 @@ def _nemotron_h_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
   rules = [Rule(p + 'norm.weight', ((('mixer_norm', 'scale'), SAME),))]
   if spec.kind == 'mamba2':
-    return rules + _mamba_rules(p + 'mixer.', bool(model_cfg.mamba2.conv_bias))
+    return rules + mamba_rules(p + 'mixer.', bool(model_cfg.mamba2.conv_bias))
   if spec.kind == 'mlp':
     return rules + [Rule(p + 'mixer.up_proj.weight', ((('mixer', 'mlp', 'up'), TRANSPOSE),)),
                     Rule(p + 'mixer.down_proj.weight', ((('mixer', 'mlp', 'down'), TRANSPOSE),))]
-  return rules + _attention_rules(p + 'mixer.', {})
+  return rules + attention_rules(p + 'mixer.', {})
 
 
 def _bamba_plan(hf):
@@ -379,10 +300,10 @@ def _bamba_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
   rules = [Rule(p + 'input_layernorm.weight', ((('mixer_norm', 'scale'), SAME),)),
            Rule(p + 'pre_ff_layernorm.weight', ((('mlp_norm', 'scale'), SAME),)),
-           *_swiglu_rules(p + 'feed_forward.')]
+           *swiglu_rules(p + 'feed_forward.')]
   if spec.kind == 'mamba2':
-    return rules + _mamba_rules(p + 'mamba.', bool(model_cfg.mamba2.conv_bias))
-  return rules + _attention_rules(p + 'self_attn.', {})
+    return rules + mamba_rules(p + 'mamba.', bool(model_cfg.mamba2.conv_bias))
+  return rules + attention_rules(p + 'self_attn.', {})
 
 
 _GRANITE_TYPES = {'linear_attention': 'mamba2', 'mamba': 'mamba2', 'full_attention': 'full', 'attention': 'full'}
@@ -425,8 +346,8 @@ def _granite_hybrid_rules(model_cfg, spec, i):
            Rule(p + 'shared_mlp.input_linear.weight', ((('mlp', 'gate'), TRANSPOSE), (('mlp', 'up'), TRANSPOSE))),
            Rule(p + 'shared_mlp.output_linear.weight', ((('mlp', 'down'), TRANSPOSE),))]
   if spec.kind == 'mamba2':
-    return rules + _mamba_rules(p + 'mamba.', bool(model_cfg.mamba2.conv_bias))
-  return rules + _attention_rules(p + 'self_attn.', {})
+    return rules + mamba_rules(p + 'mamba.', bool(model_cfg.mamba2.conv_bias))
+  return rules + attention_rules(p + 'self_attn.', {})
 
 
 _TOP = {'embed': 'model.embed_tokens.weight', 'final_norm': 'model.norm.weight', 'lm_head': 'lm_head.weight'}
