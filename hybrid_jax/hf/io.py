@@ -89,14 +89,23 @@ def _save_tensors(tensors: dict, out: pathlib.Path, max_shard_bytes: int | None)
 
 
 def family_arch(model_cfg, arch: str) -> str | None:
-  """The recurrent-hybrid family `arch` names (auto: Qwen3.5 for a GDN model, the one such exporter), or None
-  for the attention classes (config_map)."""
+  """The recurrent-hybrid family to export as: the one `arch` names, or for 'auto' and a model with layers that
+  are not attention, the first family whose class computes what the model does (HFError naming, per family, the
+  key it differs in, when none does); None for the attention classes (config_map)."""
   if arch in families.FAMILIES:
     return arch
-  kinds = set(model_cfg.cycle)
-  if arch == 'auto' and 'gdn' in kinds and kinds <= {'gdn', 'full'}:
-    return 'qwen3_5_text'
-  return None
+  from hybrid_jax.models.mixers import registry  # pylint: disable=g-import-not-at-top
+  if arch != 'auto' or all(registry.get(kind).attention for kind in model_cfg.cycle):
+    return None
+  reasons = []
+  for family in family_export.EXPORTERS:
+    try:
+      family_export.to_hf_config(model_cfg, family, max_positions=1, eos_id=None)
+      return family
+    except HFError as e:
+      reasons.append(f'{family}: {e}')
+  raise HFError('no transformers class computes what this model does (model.cycle='
+                f'{tuple(model_cfg.cycle)}):\n  ' + '\n  '.join(reasons))
 
 
 def check_exportable(model_cfg, arch: str = 'auto'):
