@@ -259,3 +259,32 @@ def test_auto_export_names_why_each_family_differs():
     io.check_exportable(config.model, 'auto')
   assert all(f'{family}: ' in str(info.value) for family in family_export.EXPORTERS)
   assert 'model.cycle' in str(info.value)
+
+
+def test_a_vision_language_qwen3_5_checkpoint_imports_its_text_model(tmp_path, capsys):
+  """Hub Qwen3.5 checkpoints are its vision-language model: config.json nests text_config, the text model's tensors
+  sit under model.language_model., beside a vision tower and multi-token-prediction heads. The text model imports
+  with the same logits; the other tensors are left out and counted in the summary; an unknown tensor inside the
+  language model is still refused."""
+  source = tmp_path / 'vl'
+  source.mkdir()
+  text = json.loads((DATA / 'hf_qwen3_5' / 'config.json').read_text())
+  (source / 'config.json').write_text(json.dumps(dict(
+      model_type='qwen3_5', architectures=['Qwen3_5ForConditionalGeneration'], tie_word_embeddings=False,
+      text_config=text, vision_config=dict(depth=1, hidden_size=8))))
+  tensors = load_file(str(DATA / 'hf_qwen3_5' / io.WEIGHTS_FILE))
+  tensors = {name.replace('model.', 'model.language_model.', 1): value for name, value in tensors.items()}
+  tensors['model.visual.patch_embed.proj.weight'] = np.ones((8, 3), np.float32)
+  tensors['mtp.fc.weight'] = np.ones((16, 32), np.float32)
+  save_file(tensors, str(source / io.WEIGHTS_FILE))
+  assert hf_cli.main(['import', str(source), '--workdir', str(tmp_path / 'run')]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary['model_type'] == 'qwen3_5_text'
+  assert summary['ignored_tensors'] == {'count': 2, 'first': 'model.visual.patch_embed.proj.weight'}
+  run = runs.load_run(tmp_path / 'run')
+  ref = load_file(str(DATA / 'hf_qwen3_5' / 'reference.safetensors'))
+  assert _rel_err(_logits(run.config.model, run.params, ref['tokens']), ref['logits']) <= REL_TOL
+  tensors['model.language_model.layers.0.linear_attn.extra.weight'] = np.ones(4, np.float32)
+  save_file(tensors, str(source / io.WEIGHTS_FILE))
+  with pytest.raises(HFError, match=r'no place for: \[.model.language_model.layers.0.linear_attn.extra.weight.\]'):
+    io.read_hf(source)

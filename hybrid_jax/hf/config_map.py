@@ -54,6 +54,8 @@ class ImportPlan:
   model_type: str
   model_fields: dict
   tied: bool  # lm_head is the embedding (tie_word_embeddings): hybrid_jax's untied head gets a copy.
+  # Tensors of parts outside the language model (a vision tower, multi-token prediction), left out on purpose.
+  ignored: tuple = ()
 
 
 # ---------------------------------------------------------------------------------------------------- export

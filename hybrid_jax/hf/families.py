@@ -135,13 +135,15 @@ def _layer_list(hf: dict, field: str, names: dict, n: int | None) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class Family:
   """One model_type: `plan(hf) -> (model fields, tied)`, `rules(model_cfg, spec, i) -> that layer's Rules`, its
-  top-level tensor names, and the prefixes its checkpoints may use for `model.`."""
+  top-level tensor names, the prefixes its checkpoints may use for `model.`, and the prefixes of tensors that are
+  not the language model's (a vision tower, multi-token prediction heads: left out, and counted in the summary)."""
   model_type: str
   hf_class: str
   plan: Callable
   layer_rules: Callable
   top: dict
   prefixes: tuple = ('model.',)
+  ignored: tuple = ()
 
 
 _GDN_TYPES = {'linear_attention': 'gdn', 'full_attention': 'full'}
@@ -352,15 +354,25 @@ def _granite_hybrid_rules(model_cfg, spec, i):
 
 _TOP = {'embed': 'model.embed_tokens.weight', 'final_norm': 'model.norm.weight', 'lm_head': 'lm_head.weight'}
 FAMILIES = {f.model_type: f for f in (
-    Family('qwen3_5_text', 'Qwen3_5ForCausalLM', _qwen3_5_plan, _qwen3_5_rules, _TOP),
+    # Hub checkpoints are Qwen3.5's vision-language model: its text model under model.language_model.
+    Family('qwen3_5_text', 'Qwen3_5ForCausalLM', _qwen3_5_plan, _qwen3_5_rules, _TOP,
+           prefixes=('model.language_model.', 'model.'), ignored=('model.visual.', 'mtp.')),
     Family('olmo_hybrid', 'OlmoHybridForCausalLM', _olmo_hybrid_plan, _olmo_hybrid_rules, _TOP),
     Family('nemotron_h', 'NemotronHForCausalLM', _nemotron_h_plan, _nemotron_h_rules,
            {'embed': 'model.embeddings.weight', 'final_norm': 'model.norm_f.weight', 'lm_head': 'lm_head.weight'},
-           prefixes=('backbone.', 'model.')),
+           prefixes=('backbone.', 'model.'), ignored=('mtp.',)),
     Family('bamba', 'BambaForCausalLM', _bamba_plan, _bamba_rules,
            {**_TOP, 'final_norm': 'model.final_layernorm.weight'}),
     Family('granitemoehybrid', 'GraniteMoeHybridForCausalLM', _granite_hybrid_plan, _granite_hybrid_rules, _TOP),
 )}
+
+
+def text_config(hf: dict) -> dict:
+  """The text model's config of a vision-language checkpoint (Qwen3.5's `qwen3_5`: `text_config`), else `hf`."""
+  text = hf.get('text_config')
+  if hf.get('model_type') == 'qwen3_5' and isinstance(text, dict):
+    return {'tie_word_embeddings': hf.get('tie_word_embeddings', False), **text, 'model_type': 'qwen3_5_text'}
+  return hf
 
 
 def top_rules(family: Family) -> list[Rule]:

@@ -38,9 +38,16 @@ def _shape(abstract, path, index):
   return target.shape if index is None else target.shape[1:]
 
 
+def ignored_names(family, names) -> list[str]:
+  """The checkpoint's tensors outside the language model (family.ignored prefixes), which import leaves out."""
+  return sorted(n for n in names if family.ignored and n.startswith(family.ignored))
+
+
 def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
-  """hybrid_jax params shaped like `abstract` from a family checkpoint (`read(name)` one tensor, `names` all)."""
-  names = canonical_names(family, names)
+  """hybrid_jax params shaped like `abstract` from a family checkpoint (`read(name)` one tensor, `names` all but
+  `ignored_names`)."""
+  skipped = set(ignored_names(family, names))
+  names = canonical_names(family, [n for n in names if n not in skipped])
   used, stacks = set(), {}
   params = weights.empty_like(abstract)
   for rule, targets in _entries(family, model_cfg):

@@ -226,7 +226,7 @@ def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable 
   `table`: the checkpoint's tensor names (default: its model_type's entry in weights.TABLES).
   """
   from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
-  hf_config = read_hf_config(path)
+  hf_config = families.text_config(read_hf_config(path))
   if hf_config.get('model_type') in families.FAMILIES:
     return _read_family(path, hf_config, model_overrides, table)
   plan = config_map.plan_import(hf_config)
@@ -271,7 +271,8 @@ def _read_family(path, hf_config: dict, model_overrides, table):
   config = _model_config(path, fields, model_overrides)
   abstract = runs.abstract_params(config.model)
   params = family_weights.from_hf(family, reader, reader.names, abstract, config.model, tied=tied)
-  return config, params, config_map.ImportPlan(family.model_type, fields, tied)
+  ignored = tuple(family_weights.ignored_names(family, reader.names))
+  return config, params, config_map.ImportPlan(family.model_type, fields, tied, ignored)
 
 
 def _checkpoint_tokenizer(path: pathlib.Path, vocab_size: int) -> list[str]:
@@ -320,5 +321,8 @@ def import_hf(path, workdir, *, dtype: str = 'float32', table=None) -> dict:
   with ocp.CheckpointManager((workdir / 'checkpoints').absolute(), options=options) as manager:
     manager.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
     manager.wait_until_finished()
-  return {'workdir': str(workdir), 'model_type': plan.model_type, 'cycle': list(config.model.cycle),
-          'tied_embeddings': plan.tied, 'tokenizer': config.data.tokenizer}
+  summary = {'workdir': str(workdir), 'model_type': plan.model_type, 'cycle': list(config.model.cycle),
+             'tied_embeddings': plan.tied, 'tokenizer': config.data.tokenizer}
+  if plan.ignored:  # Said, not dropped silently: e.g. a vision tower beside the language model.
+    summary['ignored_tensors'] = {'count': len(plan.ignored), 'first': plan.ignored[0]}
+  return summary
