@@ -125,6 +125,27 @@ def test_every_arch_compiles_for_tpu_through_the_pallas_kernels(arch, tpu_device
     assert compiled.memory_analysis().temp_size_in_bytes > 0, f'{arch} {name}'
 
 
+def test_the_released_hybrids_options_compile_for_tpu(tpu_devices):
+  """The options imported checkpoints use (GDN value heads and beta in (0, 2), Mamba-2 groups / conv bias /
+  grouped norm / dt floor, MLP layers of their own, q/k norm over all heads, output gate, partial RoPE) keep the
+  scans and attention on the Mosaic kernels in every program: train, forward, prefill and the one-token step."""
+  config = tiny('gdn')
+  config.model.update(dict(num_layers=4, cycle=('gdn', 'mamba2', 'mlp', 'full'), block_mlp=False, mlp='relu2'))
+  config.model.attention.update(dict(qk_norm='all', output_gate=True, rope_dims=32))
+  config.model.gdn.update(dict(value_heads=2 * config.model.gdn.num_heads, neg_eigval=True))
+  config.model.mamba2.update(dict(num_groups=config.model.mamba2.num_heads, conv_bias=True, norm_by_group=True,
+                                  dt_floor=1e-3))
+  config = validate(config)
+  plain_attention = len(kernel_operand_shapes(lowered_steps(tiny('full'), tpu_devices)[0].as_text()))
+  train, evaluate = lowered_steps(config, tpu_devices)
+  prefill, step = lowered_decode(config, tpu_devices[0])
+  assert len(kernel_operand_shapes(train.as_text())) > plain_attention  # The scans' kernels beside attention's.
+  for name, lowered in (('train', train), ('forward', evaluate), ('prefill', prefill)):
+    assert KERNEL in lowered.as_text() and not has_dense_scores(lowered.as_text()), name
+  for name, lowered in (('train', train), ('forward', evaluate), ('prefill', prefill), ('step', step)):
+    assert lowered.compile().memory_analysis().temp_size_in_bytes > 0, name
+
+
 def test_recurrent_kernels_are_mosaic_too(tpu_devices):
   """The scans (forward and backward) are Pallas kernels in the TPU train step, beside attention's."""
   full_only = kernel_operand_shapes(lowered_steps(tiny('full'), tpu_devices)[0].as_text())
