@@ -187,7 +187,7 @@ def test_training_continues_from_an_imported_model(tmp_path, capsys):
            '--config.model.norm_eps=1e-5', '--config.model.mamba2.num_heads=4', '--config.model.mamba2.head_dim=4',
            '--config.model.mamba2.state_dim=8', '--config.model.mamba2.num_groups=2',
            '--config.model.mamba2.conv_bias=True', '--config.model.mamba2.norm_by_group=True',
-           '--config.model.mamba2.dt_floor=0.001', '--config.train.checkpoint_every=2', '--config.train.log_every=1',
+           '--config.model.mamba2.dt_floor=0.001', '--config.train.checkpoint_every=1', '--config.train.log_every=1',
            '--config.eval.documents=0', '--config.eval.batches=1', '--config.train.progress=False']
   status = command_line.run(train_cli.main, flags)
   err = capsys.readouterr().err
@@ -199,6 +199,28 @@ def test_training_continues_from_an_imported_model(tmp_path, capsys):
   imported = runs.load_run(run)
   trained = runs.load_run(out)
   assert trained.step == 2 and set(trained.params) == set(imported.params)
+  # Tracing reads the run's checkpoints (steps 1 and 2) against the last.
+  assert analyze.main(['tracing', '--workdir', str(out), '--length', '200', '--samples', '2', '--no-progress']) == 0
+  tracing = json.loads((out / 'analysis' / 'tracing.json').read_text())
+  assert tracing['steps'] == [1, 2] and len(tracing['heads']) == 4  # The full layer's heads.
+
+
+def test_evaluations_and_probing_run_on_an_imported_model(tmp_path, capsys):
+  """Perplexity with loss by position, NIAH and RULER, and the residual probes, on an imported Granite-4.0-H (its
+  multipliers, tied head, NoPE attention and Mamba-2 groups)."""
+  run = _import_with_tokenizer(tmp_path, 'hf_granite_hybrid')
+  from hybrid_jax.commands import eval as eval_cli  # pylint: disable=g-import-not-at-top
+  assert eval_cli.main(['--workdir', str(run), '--tasks', 'ppl,niah:niah_single_1,ruler:niah_single_2',
+                        '--context-lengths', '600', '--samples', '2', '--depths', '0.5', '--ppl-batches', '1',
+                        '--ppl-documents', '2', '--no-progress']) == 0
+  by_context = json.loads((run / 'eval' / 'ppl.json').read_text())['by_context']['600']
+  assert np.isfinite(by_context['loss']) and all(np.isfinite(b['loss']) for b in by_context['loss_by_position'])
+  assert (run / 'eval' / 'ppl_by_position.png').is_file()
+  assert (run / 'eval' / 'niah.json').is_file() and (run / 'eval' / 'ruler.json').is_file()
+  assert analyze.main(['probing', '--workdir', str(run), '--samples', '40', '--length', '200', '--no-progress']) == 0
+  probing = json.loads((run / 'analysis' / 'probing.json').read_text())
+  assert [layer['kind'] for layer in probing['layers']] == ['mamba2', 'mamba2', 'full', 'mamba2']
+  capsys.readouterr()
 
 
 @pytest.mark.parametrize('model_type, name', HYBRIDS.items())
