@@ -310,3 +310,11 @@ def test_a_vision_language_qwen3_5_checkpoint_imports_its_text_model(tmp_path, c
   save_file(tensors, str(source / io.WEIGHTS_FILE))
   with pytest.raises(HFError, match=r'no place for: \[.model.language_model.layers.0.linear_attn.extra.weight.\]'):
     io.read_hf(source)
+
+
+def test_a_mixture_of_experts_is_one_line_at_the_command_line(tmp_path, capsys):
+  source = _no_weights_copy(tmp_path, 'hf_granite_hybrid', dict(num_local_experts=4, num_experts_per_tok=2))
+  assert command_line.run(hf_cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.count('\n') == 0 and err.startswith('error: ') and 'num_local_experts=4' in err
+  assert not (tmp_path / 'run').exists()
