@@ -318,3 +318,18 @@ def test_a_mixture_of_experts_is_one_line_at_the_command_line(tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert err.count('\n') == 0 and err.startswith('error: ') and 'num_local_experts=4' in err
   assert not (tmp_path / 'run').exists()
+
+
+def test_a_tied_checkpoint_may_store_its_head_only_as_the_embedding(tmp_path):
+  """Granite-4.0-H's fixture is tied: an lm_head.weight equal to the embedding is read (and the logits stay), a
+  different one is refused naming both tensors."""
+  ref = load_file(str(DATA / 'hf_granite_hybrid' / 'reference.safetensors'))
+  same = _edited(tmp_path / 'same', 'hf_granite_hybrid',
+                 lambda t: t.__setitem__('lm_head.weight', t['model.embed_tokens.weight'].copy()))
+  config, params, _ = io.read_hf(same)
+  assert _rel_err(_logits(config.model, params, ref['tokens']), ref['logits']) <= REL_TOL
+  other = _edited(tmp_path / 'other', 'hf_granite_hybrid',
+                  lambda t: t.__setitem__('lm_head.weight', t['model.embed_tokens.weight'] + 1))
+  with pytest.raises(HFError, match='tie_word_embeddings is true but lm_head.weight differs from '
+                                    'model.embed_tokens.weight'):
+    io.read_hf(other)

@@ -54,13 +54,11 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
     shapes = [_shape(abstract, path, index) for path, index in targets]
     name = rule.name
     if targets[0][0] == ('lm_head',) and tied:
-      if name in names:
-        raise HFError(f'tie_word_embeddings is true but the checkpoint also holds {names[name]}; set '
-                      'tie_word_embeddings to false in config.json to import the separate head')
-      embed = family.top['embed']
-      value = weights.read_checked(read, set(names.values()), names.get(embed, embed), shapes[0][::-1],
-                                   np.float32).T
-      pieces = [value]
+      embed = names.get(family.top['embed'], family.top['embed'])
+      if name in names:  # A tied checkpoint may still store the head: it must be the embedding.
+        weights.check_tied_head(read, names[name], embed)
+        used.add(names[name])
+      pieces = [weights.read_checked(read, set(names.values()), embed, shapes[0][::-1], np.float32).T]
     else:
       hf_shape = rule.hf_shape(shapes)
       if name not in names:

@@ -177,7 +177,7 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
     if path == ('lm_head',) and tied:
       source, transform = embed_name, SAME
       if name in names:
-        _check_tied_head(read, name, embed_name)
+        check_tied_head(read, name, embed_name)
         used.add(name)
       value = read_checked(read, names, source, SAME.hf_shape(shape[::-1]), target.dtype).T
     else:
@@ -204,7 +204,7 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
   return params
 
 
-def _check_tied_head(read, name, embed_name):
+def check_tied_head(read, name, embed_name):
   """A tied checkpoint that still stores lm_head.weight must store the embedding there (transformers ignores it)."""
   head, embed = read(name), read(embed_name)
   if head.shape != embed.shape or not np.array_equal(head, embed):
