@@ -275,12 +275,16 @@ def test_export_refuses_a_mamba_width_bamba_cannot_size():
 
 
 def test_auto_export_names_why_each_family_differs():
-  """A Lightning hybrid: no family holds it, and the refusal says, per family, the first key it differs in."""
-  config = _tiny_config(cycle=('lightning', 'full'))
+  """A Mamba-2 hybrid with the study's plain Mamba-2 layer (one norm over all heads, no conv bias): no family holds
+  it, and the one-line refusal says, per family, the first key it differs in. A kind no family has (Lightning) is
+  named with its layer instead."""
+  config = _tiny_config(cycle=('mamba2', 'full'))
   with pytest.raises(HFError, match=r'no transformers class computes what this model does') as info:
     io.check_exportable(config.model, 'auto')
   assert all(f'{family}: ' in str(info.value) for family in family_export.EXPORTERS)
-  assert 'model.cycle' in str(info.value)
+  assert '\n' not in str(info.value) and 'model.mamba2.' in str(info.value)
+  with pytest.raises(HFError, match=r"layer 0 is a 'lightning' mixer \(not attention\)"):
+    io.check_exportable(_tiny_config(cycle=('lightning', 'full')).model, 'auto')
 
 
 def test_a_vision_language_qwen3_5_checkpoint_imports_its_text_model(tmp_path, capsys):

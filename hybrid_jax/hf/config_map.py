@@ -67,8 +67,10 @@ def layer_plan(model_cfg) -> list[Layer]:
     if spec.kind not in EXPORTABLE_KINDS:
       why = ('SWA and full heads inside one layer' if spec.kind == 'headwise'
              else 'attention of another kind' if registry.get(spec.kind).attention else 'not attention')
-      raise HFError(f'layer {i} is a {spec.kind!r} mixer ({why}), which no transformers class expresses; '
-                    f'exportable layer kinds: {", ".join(EXPORTABLE_KINDS)} (model.cycle={tuple(model_cfg.cycle)})')
+      raise HFError(f'layer {i} is a {spec.kind!r} mixer ({why}), which the attention classes do not express; '
+                    f'they hold {", ".join(EXPORTABLE_KINDS)} layers, and the released hybrids '
+                    f'({", ".join(FAMILY_TYPES)}) gdn, mamba2 and mlp layers beside full attention '
+                    f'(model.cycle={tuple(model_cfg.cycle)})')
     plan.append(Layer(spec.window, spec.rope))
   return plan
 

@@ -98,6 +98,8 @@ def _granite_hybrid_config(m) -> dict:
 # model_type -> its config.json fields for a model (num_hidden_layers and the shared sizes are added to all).
 EXPORTERS = {'qwen3_5_text': _qwen3_5_config, 'olmo_hybrid': _olmo_hybrid_config, 'nemotron_h': _nemotron_h_config,
              'bamba': _bamba_config, 'granitemoehybrid': _granite_hybrid_config}
+# The layer kinds some family's class has (a model with another kind is no family's).
+FAMILY_KINDS = {'full', 'gdn', 'mamba2', 'mlp'}
 # Model keys an exported config must reproduce: every key the model's function depends on (mixer sections whole).
 _FUNCTION_KEYS = ('vocab_size', 'd_model', 'num_layers', 'num_heads', 'num_kv_heads', 'head_dim', 'd_ff', 'cycle',
                   'window', 'rope_full', 'rope_swa', 'rope_base', 'headwise_full_kv_heads', 'norm_eps', 'mlp',

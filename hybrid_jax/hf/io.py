@@ -95,8 +95,11 @@ def family_arch(model_cfg, arch: str) -> str | None:
   if arch in families.FAMILIES:
     return arch
   from hybrid_jax.models.mixers import registry  # pylint: disable=g-import-not-at-top
-  if arch != 'auto' or all(registry.get(kind).attention for kind in model_cfg.cycle):
+  kinds = set(model_cfg.cycle)
+  if arch != 'auto' or all(registry.get(kind).attention for kind in kinds):
     return None
+  if not kinds <= family_export.FAMILY_KINDS:
+    return None  # A kind no family has: config_map.layer_plan names the layer.
   reasons = []
   for family in family_export.EXPORTERS:
     try:
@@ -104,8 +107,8 @@ def family_arch(model_cfg, arch: str) -> str | None:
       return family
     except HFError as e:
       reasons.append(f'{family}: {e}')
-  raise HFError('no transformers class computes what this model does (model.cycle='
-                f'{tuple(model_cfg.cycle)}):\n  ' + '\n  '.join(reasons))
+  raise HFError(f'no transformers class computes what this model does (model.cycle={tuple(model_cfg.cycle)}); '
+                + '; '.join(reasons))
 
 
 def check_exportable(model_cfg, arch: str = 'auto'):
