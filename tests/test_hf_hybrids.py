@@ -18,7 +18,7 @@ from hybrid_jax import command_line
 from hybrid_jax.commands import analyze, hf as hf_cli, train as train_cli
 from hybrid_jax.hf import HFError, families, family_export, family_weights, io
 from hybrid_jax.train import runs
-from tests.test_hf import DATA, REL_TOL, _logits, _rel_err, _tiny_config
+from tests.test_hf import DATA, REL_TOL, _edited_copy, _logits, _rel_err, _tiny_config
 
 HYBRIDS = {'qwen3_5_text': 'hf_qwen3_5', 'olmo_hybrid': 'hf_olmo_hybrid', 'nemotron_h': 'hf_nemotron_h',
            'bamba': 'hf_bamba', 'granitemoehybrid': 'hf_granite_hybrid'}
@@ -104,15 +104,6 @@ def test_import_refuses_what_the_model_cannot_hold(tmp_path, name, change, match
     io.read_hf(_no_weights_copy(tmp_path, name, change))
 
 
-def _edited(tmp_path, name, edit):
-  target = tmp_path / name
-  shutil.copytree(DATA / name, target)
-  tensors = load_file(str(target / io.WEIGHTS_FILE))
-  edit(tensors)
-  save_file(tensors, str(target / io.WEIGHTS_FILE))
-  return target
-
-
 @pytest.mark.parametrize('name, edit, match', [
     # An MoE expert tensor in a checkpoint whose config says dense: no place for it.
     ('hf_granite_hybrid', lambda t: t.__setitem__('model.layers.0.block_sparse_moe.router.layer.weight',
@@ -128,7 +119,7 @@ def _edited(tmp_path, name, edit):
 ])
 def test_import_refuses_tensors_it_has_no_place_for(tmp_path, name, edit, match):
   with pytest.raises(HFError, match=match):
-    io.read_hf(_edited(tmp_path, name, edit))
+    io.read_hf(_edited_copy(tmp_path, name, edit))
 
 
 def _import_with_tokenizer(tmp_path, name):
@@ -328,11 +319,11 @@ def test_a_tied_checkpoint_may_store_its_head_only_as_the_embedding(tmp_path):
   """Granite-4.0-H's fixture is tied: an lm_head.weight equal to the embedding is read (and the logits stay), a
   different one is refused naming both tensors."""
   ref = load_file(str(DATA / 'hf_granite_hybrid' / 'reference.safetensors'))
-  same = _edited(tmp_path / 'same', 'hf_granite_hybrid',
+  same = _edited_copy(tmp_path / 'same', 'hf_granite_hybrid',
                  lambda t: t.__setitem__('lm_head.weight', t['model.embed_tokens.weight'].copy()))
   config, params, _ = io.read_hf(same)
   assert _rel_err(_logits(config.model, params, ref['tokens']), ref['logits']) <= REL_TOL
-  other = _edited(tmp_path / 'other', 'hf_granite_hybrid',
+  other = _edited_copy(tmp_path / 'other', 'hf_granite_hybrid',
                   lambda t: t.__setitem__('lm_head.weight', t['model.embed_tokens.weight'] + 1))
   with pytest.raises(HFError, match='tie_word_embeddings is true but lm_head.weight differs from '
                                     'model.embed_tokens.weight'):

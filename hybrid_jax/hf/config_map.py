@@ -150,22 +150,30 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: i
 
 
 # ---------------------------------------------------------------------------------------------------- import
-def _refuse(field: str, value, allowed: str):
+def refuse(field: str, value, allowed: str):
   raise HFError(f'config.json {field}={value!r} cannot be represented by hybrid_jax: {allowed}')
+
+
+def rope(hf: dict, default_factor: float = 1.0, default_theta: float | None = None) -> tuple[float | None, float]:
+  """(RoPE base, partial rotary factor) of a default (unscaled) rotary embedding; refuses scaled RoPE. The base is
+  None when the config gives null (NoPE) or nothing and there is no `default_theta`."""
+  params = hf.get('rope_parameters') or {}
+  if hf.get('rope_scaling'):
+    refuse('rope_scaling', hf['rope_scaling'], 'only plain RoPE (no scaling) is supported')
+  rope_type = params.get('rope_type', params.get('type', 'default'))
+  if rope_type != 'default':
+    refuse('rope_parameters.rope_type', rope_type, "only 'default' RoPE is supported")
+  factor = params.get('partial_rotary_factor', hf.get('partial_rotary_factor', default_factor))
+  theta = params['rope_theta'] if 'rope_theta' in params else hf.get('rope_theta', default_theta)
+  return theta, factor
 
 
 def _rope_theta(hf: dict) -> float | None:
   """The RoPE base of a default (unscaled) rotary embedding; refuses scaled or partial RoPE."""
-  params = hf.get('rope_parameters') or {}
-  if hf.get('rope_scaling'):
-    _refuse('rope_scaling', hf['rope_scaling'], 'only plain RoPE (no scaling) is supported')
-  rope_type = params.get('rope_type', params.get('type', 'default'))
-  if rope_type != 'default':
-    _refuse('rope_parameters.rope_type', rope_type, "only 'default' RoPE is supported")
-  factor = params.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0))
+  theta, factor = rope(hf)
   if factor != 1.0:
-    _refuse('partial_rotary_factor', factor, 'RoPE must rotate the whole head (1.0)')
-  return params.get('rope_theta', hf.get('rope_theta'))
+    refuse('partial_rotary_factor', factor, 'RoPE must rotate the whole head (1.0)')
+  return theta
 
 
 def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Layer], float | None]:
@@ -177,14 +185,14 @@ def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Lay
     return [Layer(hf.get('sliding_window'), True)] * n, theta
   types = hf.get('layer_types')
   if types is not None and len(types) != n:
-    _refuse('layer_types', types, f'one entry per layer ({n})')
+    refuse('layer_types', types, f'one entry per layer ({n})')
   if types is not None and set(types) - {_FULL, _SLIDING}:
-    _refuse('layer_types', types, f'entries must be {_FULL!r} or {_SLIDING!r}')
+    refuse('layer_types', types, f'entries must be {_FULL!r} or {_SLIDING!r}')
   if model_type == 'smollm3':
     use_window = bool(hf.get('use_sliding_window')) and hf.get('sliding_window') is not None
     rope = hf.get('no_rope_layers') or [int((i + 1) % hf.get('no_rope_layer_interval', 4) != 0) for i in range(n)]
     if len(rope) != n:
-      _refuse('no_rope_layers', rope, f'one entry per layer ({n})')
+      refuse('no_rope_layers', rope, f'one entry per layer ({n})')
     # Without layer_types, transformers makes the NoPE layers the sliding ones (when windows are on).
     types = types or [_SLIDING if use_window and not r else _FULL for r in rope]
     windows = [hf['sliding_window'] if use_window and t == _SLIDING else None for t in types]
@@ -194,15 +202,24 @@ def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Lay
   thetas = hf.get('layer_rope_theta') or [theta] * n
   nonzero = sorted({t for t in thetas if t})
   if len(nonzero) > 1:
-    _refuse('layer_rope_theta', thetas, 'hybrid_jax has one RoPE base for all RoPE layers (0 = NoPE is fine)')
+    refuse('layer_rope_theta', thetas, 'hybrid_jax has one RoPE base for all RoPE layers (0 = NoPE is fine)')
   windows = [hf.get('sliding_window') if t == _SLIDING else None for t in types]
   return [Layer(w, bool(t)) for w, t in zip(windows, thetas)], (nonzero[0] if nonzero else theta)
 
 
-def _positive(hf: dict, field: str) -> float:
-  value = hf.get(field)
+def positive_int(hf: dict, field: str, default=None) -> int:
+  """A config.json integer that must be > 0 (`default` when the field is absent)."""
+  value = hf.get(field, default)
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    refuse(field, value, 'a positive integer is required')
+  return value
+
+
+def positive_number(hf: dict, field: str, default=None) -> float:
+  """A config.json number that must be finite and > 0 (`default` when the field is absent)."""
+  value = hf.get(field, default)
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-    _refuse(field, value, 'a finite number > 0 is required')
+    refuse(field, value, 'a finite number > 0 is required')
   return float(value)
 
 
@@ -210,24 +227,24 @@ def _scaling_fields(hf: dict, model_type: str, head_dim: int) -> dict:
   """hybrid_jax's scaling options (model.embedding_multiplier, ...) from a config's multipliers."""
   if model_type == 'minicpm':
     if hf.get('use_mup', True) is not True:
-      _refuse('use_mup', hf['use_mup'], "only MiniCPM's scaled block (use_mup true or absent) is supported")
+      refuse('use_mup', hf['use_mup'], "only MiniCPM's scaled block (use_mup true or absent) is supported")
     if hf.get('sparse_config'):
-      _refuse('sparse_config', hf['sparse_config'], 'attention is dense (no sparse attention)')
+      refuse('sparse_config', hf['sparse_config'], 'attention is dense (no sparse attention)')
     if hf.get('kv_channels') not in (None, head_dim):
-      _refuse('kv_channels', hf['kv_channels'], f'heads are hidden_size / num_attention_heads = {head_dim} wide')
-    emb, depth, base = (_positive(hf, field) for field in MINICPM_FIELDS)
+      refuse('kv_channels', hf['kv_channels'], f'heads are hidden_size / num_attention_heads = {head_dim} wide')
+    emb, depth, base = (positive_number(hf, field) for field in MINICPM_FIELDS)
     return dict(embedding_multiplier=emb, residual_multiplier=depth / math.sqrt(hf['num_hidden_layers']),
                 logits_scaling=hf['hidden_size'] / base, attention_scale=0.0)  # Attention: head_dim**-0.5.
   if model_type != 'granite_swa':
     return {}
-  fields = {field: _positive(hf, hf_field) for field, (hf_field, _) in SCALING_FIELDS.items()}
-  scale = _positive(hf, 'attention_multiplier')
+  fields = {field: positive_number(hf, hf_field) for field, (hf_field, _) in SCALING_FIELDS.items()}
+  scale = positive_number(hf, 'attention_multiplier')
   fields['attention_scale'] = 0.0 if scale == head_dim ** -0.5 else scale  # 0: the default path, same value.
   return fields
 
 
-def _shortest_cycle(kinds: list[str]) -> tuple[str, ...]:
-  """The shortest repeating unit of the per-layer kinds (hybrid_jax's model.cycle)."""
+def shortest_cycle(kinds: list[str]) -> tuple[str, ...]:
+  """The shortest repeating unit of the per-layer kinds (hybrid_jax's model.cycle; the whole list when none)."""
   n = len(kinds)
   for period in range(1, n + 1):
     if all(kinds[i] == kinds[i % period] for i in range(n)):
@@ -248,34 +265,33 @@ def plan_import(hf: dict) -> ImportPlan:
   """Checks a transformers config.json against what hybrid_jax represents; returns the model fields."""
   model_type = hf.get('model_type')
   if model_type not in IMPORT_TYPES:
-    _refuse('model_type', model_type, f'supported model types: {", ".join(IMPORT_TYPES + FAMILY_TYPES)}')
+    refuse('model_type', model_type, f'supported model types: {", ".join(IMPORT_TYPES + FAMILY_TYPES)}')
   hf = {**_DEFAULTS[model_type], **hf}
   for field in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads'):
-    if not isinstance(hf.get(field), int) or hf[field] <= 0:
-      _refuse(field, hf.get(field), 'a positive integer is required')
+    positive_int(hf, field)
   act = hf.get('hidden_act', 'silu')
   if act != 'silu':
-    _refuse('hidden_act', act, "the MLP is SwiGLU ('silu')")
+    refuse('hidden_act', act, "the MLP is SwiGLU ('silu')")
   for field in ('attention_bias', 'mlp_bias'):
     if hf.get(field):
-      _refuse(field, hf[field], 'projections have no biases')
+      refuse(field, hf[field], 'projections have no biases')
   theta = _rope_theta(hf)
   plan, theta = _hf_layers(hf, model_type, theta)
   windows = sorted({layer.window for layer in plan if layer.window is not None})
   if len(windows) > 1:
-    _refuse('sliding_window', windows, 'one window for all sliding-window layers')
+    refuse('sliding_window', windows, 'one window for all sliding-window layers')
   kinds = ['full' if layer.window is None else 'swa' for layer in plan]
   rope_full = _rope_flag(plan, lambda layer: layer.window is None, 'full-attention')
   rope_swa = _rope_flag(plan, lambda layer: layer.window is not None, 'sliding-window')
   if (rope_full and 'full' in kinds) or (rope_swa and 'swa' in kinds):
     if not theta:
-      _refuse('rope_parameters.rope_theta', theta, 'RoPE layers need a base > 1')
+      refuse('rope_parameters.rope_theta', theta, 'RoPE layers need a base > 1')
   heads = hf['num_attention_heads']
   head_dim = hf.get('head_dim') or hf['hidden_size'] // heads
   fields = dict(
       vocab_size=hf['vocab_size'], d_model=hf['hidden_size'], num_layers=hf['num_hidden_layers'], num_heads=heads,
       num_kv_heads=hf.get('num_key_value_heads') or heads, head_dim=head_dim, d_ff=hf['intermediate_size'],
-      cycle=_shortest_cycle(kinds), rope_full=rope_full, rope_swa=rope_swa,
+      cycle=shortest_cycle(kinds), rope_full=rope_full, rope_swa=rope_swa,
       norm_eps=float(hf['rms_norm_eps']), **_scaling_fields(hf, model_type, head_dim))
   if theta:
     fields['rope_base'] = float(theta)

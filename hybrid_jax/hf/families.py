@@ -10,23 +10,13 @@ import dataclasses
 import math
 from typing import Callable
 
-from hybrid_jax.hf import HFError
-from hybrid_jax.hf.tensor_rules import CONV, ZERO_CENTRED, Rule, attention_rules, mamba_rules, swiglu_rules
+from hybrid_jax.hf.config_map import positive_int, positive_number, refuse, rope, shortest_cycle
+from hybrid_jax.hf.tensor_rules import (CONV, ZERO_CENTRED, Rule, attention_rules, block_norm_rules, mamba_rules,
+                                        swiglu_rules)
 from hybrid_jax.hf.weights import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE
 
 
 # ---------------------------------------------------------------------------------------------------- config
-def _refuse(field: str, value, allowed: str):
-  raise HFError(f'config.json {field}={value!r} cannot be represented by hybrid_jax: {allowed}')
-
-
-def _positive_int(hf: dict, field: str, default=None) -> int:
-  value = hf.get(field, default)
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    _refuse(field, value, 'a positive integer is required')
-  return value
-
-
 def _number(value) -> float:
   """A config number, including transformers' {"__float__": "Infinity"} encoding."""
   if isinstance(value, dict) and '__float__' in value:
@@ -37,36 +27,27 @@ def _number(value) -> float:
 def _no_bias(hf: dict, *fields):
   for field in fields:
     if hf.get(field):
-      _refuse(field, hf[field], 'these projections have no biases here')
+      refuse(field, hf[field], 'these projections have no biases here')
 
 
 def _silu(hf: dict, *fields):
   for field in fields:
     if hf.get(field, 'silu') != 'silu':
-      _refuse(field, hf[field], "the gated MLP and the short convs use 'silu'")
+      refuse(field, hf[field], "the gated MLP and the short convs use 'silu'")
 
 
 def _rope(hf: dict, default_factor: float = 1.0) -> tuple[float | None, float]:
-  """(RoPE base or None when the config has none, partial rotary factor) of a plain rotary embedding."""
-  params = hf.get('rope_parameters') or {}
-  if hf.get('rope_scaling'):
-    _refuse('rope_scaling', hf['rope_scaling'], 'only plain RoPE (no scaling) is supported')
-  rope_type = params.get('rope_type', params.get('type', 'default'))
-  if rope_type != 'default':
-    _refuse('rope_parameters.rope_type', rope_type, "only 'default' RoPE is supported")
-  factor = params.get('partial_rotary_factor', hf.get('partial_rotary_factor', default_factor))
-  if 'rope_theta' in params:
-    return params['rope_theta'], factor
-  return hf.get('rope_theta', 10000.0), factor
+  """(RoPE base, partial rotary factor): transformers' base 10000 when the config names none, None for null."""
+  return rope(hf, default_factor, default_theta=10000.0)
 
 
 def _rope_dims(head_dim: int, factor) -> int:
   """model.attention.rope_dims of a partial rotary factor (0 = whole head)."""
   if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-    _refuse('partial_rotary_factor', factor, 'a fraction in (0, 1]')
+    refuse('partial_rotary_factor', factor, 'a fraction in (0, 1]')
   dims = int(head_dim * factor)
   if dims % 2 or dims <= 0:
-    _refuse('partial_rotary_factor', factor, f'must rotate an even number of the {head_dim} head channels')
+    refuse('partial_rotary_factor', factor, f'must rotate an even number of the {head_dim} head channels')
   return 0 if dims == head_dim else dims
 
 
@@ -76,58 +57,49 @@ def _time_step_limit(hf: dict) -> float:
   try:
     lo, hi = (_number(v) for v in limit)
   except (TypeError, ValueError):
-    _refuse('time_step_limit', limit, 'a pair (low, high)')
+    refuse('time_step_limit', limit, 'a pair (low, high)')
   if hi != math.inf:
-    _refuse('time_step_limit', limit, 'dt has a floor here but no ceiling (high must be Infinity)')
+    refuse('time_step_limit', limit, 'dt has a floor here but no ceiling (high must be Infinity)')
   if not 0 <= lo < math.inf:
-    _refuse('time_step_limit', limit, 'the low end must be finite and >= 0')
+    refuse('time_step_limit', limit, 'the low end must be finite and >= 0')
   return lo
 
 
 def _mamba_expand_fields(hf: dict) -> dict:
   """model.mamba2 of Bamba / Granite-4.0-H (inner width mamba_expand * hidden_size)."""
-  heads = _positive_int(hf, 'mamba_n_heads', 128)
+  heads = positive_int(hf, 'mamba_n_heads', 128)
   inner = int(hf.get('mamba_expand', 2) * hf['hidden_size'])
   head_dim = hf.get('mamba_d_head', 'auto')
   head_dim = inner // heads if head_dim == 'auto' else head_dim
   if head_dim * heads != inner:
-    _refuse('mamba_d_head', hf.get('mamba_d_head'), f'mamba_n_heads * mamba_d_head must be the inner width {inner}')
+    refuse('mamba_d_head', hf.get('mamba_d_head'), f'mamba_n_heads * mamba_d_head must be the inner width {inner}')
   _no_bias(hf, 'mamba_proj_bias')
-  return dict(num_heads=heads, head_dim=head_dim, state_dim=_positive_int(hf, 'mamba_d_state', 256),
-              num_groups=_positive_int(hf, 'mamba_n_groups', 1), conv_width=_positive_int(hf, 'mamba_d_conv', 4),
+  return dict(num_heads=heads, head_dim=head_dim, state_dim=positive_int(hf, 'mamba_d_state', 256),
+              num_groups=positive_int(hf, 'mamba_n_groups', 1), conv_width=positive_int(hf, 'mamba_d_conv', 4),
               conv_bias=bool(hf.get('mamba_conv_bias', True)), norm_by_group=True, dt_floor=_time_step_limit(hf))
 
 
 def _common(hf: dict, kinds: list[str], *, head_dim=None, d_ff=None, eps_field='rms_norm_eps', eps=1e-6) -> dict:
-  heads = _positive_int(hf, 'num_attention_heads')
-  hidden = _positive_int(hf, 'hidden_size')
-  return dict(vocab_size=_positive_int(hf, 'vocab_size'), d_model=hidden, num_layers=len(kinds),
+  heads = positive_int(hf, 'num_attention_heads')
+  hidden = positive_int(hf, 'hidden_size')
+  return dict(vocab_size=positive_int(hf, 'vocab_size'), d_model=hidden, num_layers=len(kinds),
               num_heads=heads, num_kv_heads=hf.get('num_key_value_heads') or heads,
               head_dim=head_dim or hf.get('head_dim') or hidden // heads,
-              d_ff=d_ff or _positive_int(hf, 'intermediate_size'), norm_eps=float(hf.get(eps_field, eps)),
+              d_ff=d_ff or positive_int(hf, 'intermediate_size'), norm_eps=float(hf.get(eps_field, eps)),
               cycle=shortest_cycle(kinds))
-
-
-def shortest_cycle(kinds: list[str]) -> tuple[str, ...]:
-  """The shortest repeating unit of the per-layer kinds (hybrid_jax's model.cycle; the whole list when none)."""
-  n = len(kinds)
-  for period in range(1, n + 1):
-    if all(kinds[i] == kinds[i % period] for i in range(n)):
-      return tuple(kinds[:period])
-  return tuple(kinds)
 
 
 def _layer_list(hf: dict, field: str, names: dict, n: int | None) -> list[str]:
   types = hf.get(field)
   if not isinstance(types, (list, tuple)) or not types:
-    _refuse(field, types, 'a list of layer types is required')
+    refuse(field, types, 'a list of layer types is required')
   bad = [t for t in types if t not in names]
   if bad:
-    _refuse(field, types, f'layer types must be {", ".join(map(repr, names))} ({bad[0]!r} is not: '
+    refuse(field, types, f'layer types must be {", ".join(map(repr, names))} ({bad[0]!r} is not: '
                           'mixtures of experts are not supported)' if 'moe' in bad else
             f'layer types must be {", ".join(map(repr, names))}')
   if n is not None and len(types) != n:
-    _refuse(field, types, f'one entry per layer (num_hidden_layers={n})')
+    refuse(field, types, f'one entry per layer (num_hidden_layers={n})')
   return [names[t] for t in types]
 
 
@@ -152,32 +124,31 @@ _GDN_TYPES = {'linear_attention': 'gdn', 'full_attention': 'full'}
 def _qwen3_5_plan(hf):
   _no_bias(hf, 'attention_bias')
   _silu(hf, 'hidden_act')
-  n = _positive_int(hf, 'num_hidden_layers')
+  n = positive_int(hf, 'num_hidden_layers')
   if 'layer_types' in hf:
     kinds = _layer_list(hf, 'layer_types', _GDN_TYPES, n)
   else:
-    interval = _positive_int(hf, 'full_attention_interval', 4)
+    interval = positive_int(hf, 'full_attention_interval', 4)
     kinds = ['full' if (i + 1) % interval == 0 else 'gdn' for i in range(n)]
-  head_dim = _positive_int(hf, 'head_dim', 256)
+  head_dim = positive_int(hf, 'head_dim', 256)
   theta, factor = _rope(hf, default_factor=0.25)
-  key_heads = _positive_int(hf, 'linear_num_key_heads', 16)
-  value_heads = _positive_int(hf, 'linear_num_value_heads', 32)
+  key_heads = positive_int(hf, 'linear_num_key_heads', 16)
+  value_heads = positive_int(hf, 'linear_num_value_heads', 32)
   if value_heads % key_heads:
-    _refuse('linear_num_value_heads', value_heads, f'a multiple of linear_num_key_heads={key_heads}')
+    refuse('linear_num_value_heads', value_heads, f'a multiple of linear_num_key_heads={key_heads}')
   fields = _common(hf, kinds, head_dim=head_dim)
   fields.update(rope_base=float(theta), rope_full=True,
                 attention=dict(qk_norm='head', output_gate=True, rope_dims=_rope_dims(head_dim, factor)),
                 gdn=dict(num_heads=key_heads, value_heads=0 if value_heads == key_heads else value_heads,
-                         key_dim=_positive_int(hf, 'linear_key_head_dim', 128),
-                         value_dim=_positive_int(hf, 'linear_value_head_dim', 128),
-                         conv_width=_positive_int(hf, 'linear_conv_kernel_dim', 4)))
+                         key_dim=positive_int(hf, 'linear_key_head_dim', 128),
+                         value_dim=positive_int(hf, 'linear_value_head_dim', 128),
+                         conv_width=positive_int(hf, 'linear_conv_kernel_dim', 4)))
   return fields, bool(hf.get('tie_word_embeddings', False))
 
 
 def _qwen3_5_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
-  rules = [Rule(p + 'input_layernorm.weight', ((('mixer_norm', 'scale'), ZERO_CENTRED),)),
-           Rule(p + 'post_attention_layernorm.weight', ((('mlp_norm', 'scale'), ZERO_CENTRED),)),
+  rules = [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm', ZERO_CENTRED),
            *swiglu_rules(p + 'mlp.')]
   if spec.kind == 'full':
     return rules + attention_rules(p + 'self_attn.', dict(qk_norm='head', zero_centred=True), gate_interleaved=True)
@@ -195,7 +166,7 @@ def _qwen3_5_rules(model_cfg, spec, i):
 def _olmo_hybrid_plan(hf):
   _no_bias(hf, 'attention_bias')
   _silu(hf, 'hidden_act')
-  n = _positive_int(hf, 'num_hidden_layers')
+  n = positive_int(hf, 'num_hidden_layers')
   if 'layer_types' in hf:
     kinds = _layer_list(hf, 'layer_types', _GDN_TYPES, n)
   else:
@@ -203,18 +174,18 @@ def _olmo_hybrid_plan(hf):
     if 'full' not in kinds:
       kinds[-1] = 'full'
   theta, factor = _rope(hf)
-  heads = _positive_int(hf, 'num_attention_heads')
-  key_heads = _positive_int(hf, 'linear_num_key_heads', heads)
-  value_heads = _positive_int(hf, 'linear_num_value_heads', heads)
+  heads = positive_int(hf, 'num_attention_heads')
+  key_heads = positive_int(hf, 'linear_num_key_heads', heads)
+  value_heads = positive_int(hf, 'linear_num_value_heads', heads)
   if value_heads % key_heads:
-    _refuse('linear_num_value_heads', value_heads, f'a multiple of linear_num_key_heads={key_heads}')
-  key_dim = _positive_int(hf, 'linear_key_head_dim', int(0.75 * hf['hidden_size'] / key_heads))
+    refuse('linear_num_value_heads', value_heads, f'a multiple of linear_num_key_heads={key_heads}')
+  key_dim = positive_int(hf, 'linear_key_head_dim', int(0.75 * hf['hidden_size'] / key_heads))
   fields = _common(hf, kinds)
   fields.update(rope_full=theta is not None,
                 attention=dict(qk_norm='all', post_norm=True, rope_dims=_rope_dims(fields['head_dim'], factor)),
                 gdn=dict(num_heads=key_heads, value_heads=0 if value_heads == key_heads else value_heads,
-                         key_dim=key_dim, value_dim=_positive_int(hf, 'linear_value_head_dim', 2 * key_dim),
-                         conv_width=_positive_int(hf, 'linear_conv_kernel_dim', 4),
+                         key_dim=key_dim, value_dim=positive_int(hf, 'linear_value_head_dim', 2 * key_dim),
+                         conv_width=positive_int(hf, 'linear_conv_kernel_dim', 4),
                          neg_eigval=bool(hf.get('linear_allow_neg_eigval', True)), norm_eps=1e-5))
   if theta is not None:
     fields['rope_base'] = float(theta)
@@ -227,14 +198,12 @@ def _olmo_hybrid_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
   rules = [*swiglu_rules(p + 'mlp.')]
   if spec.kind == 'full':
-    return rules + [Rule(p + 'feedforward_layer_norm.weight', ((('mixer_norm', 'scale'), SAME),)),
-                    Rule(p + 'post_feedforward_layernorm.weight', ((('mlp_norm', 'scale'), SAME),)),
+    return rules + [*block_norm_rules(p, 'feedforward_layer_norm', 'post_feedforward_layernorm'),
                     *attention_rules(p + 'self_attn.', dict(qk_norm='all'))]
   a = p + 'linear_attn.'
   m = lambda name: ('mixer', name)
   return rules + [
-      Rule(p + 'attention_layer_norm.weight', ((('mixer_norm', 'scale'), SAME),)),
-      Rule(p + 'feedforward_layer_norm.weight', ((('mlp_norm', 'scale'), SAME),)),
+      *block_norm_rules(p, 'attention_layer_norm', 'feedforward_layer_norm'),
       Rule(a + 'q_proj.weight', ((m('wq'), HEADS_IN),)), Rule(a + 'k_proj.weight', ((m('wk'), HEADS_IN),)),
       Rule(a + 'v_proj.weight', ((m('wv'), HEADS_IN),)), Rule(a + 'g_proj.weight', ((m('wg'), HEADS_IN),)),
       Rule(a + 'b_proj.weight', ((m('w_beta'), TRANSPOSE),)), Rule(a + 'a_proj.weight', ((m('w_a'), TRANSPOSE),)),
@@ -254,19 +223,19 @@ def _nemotron_h_plan(hf):
   else:
     pattern = hf.get('hybrid_override_pattern')
     if not isinstance(pattern, str) or set(pattern) - set(_NEMOTRON_PATTERN):
-      _refuse('hybrid_override_pattern', pattern, 'a string of M, *, - (E: experts, refused)')
+      refuse('hybrid_override_pattern', pattern, 'a string of M, *, - (E: experts, refused)')
     kinds = _layer_list({'layers_block_type': [_NEMOTRON_PATTERN[c] for c in pattern]}, 'layers_block_type',
                         _NEMOTRON_TYPES, None)
   if hf.get('mlp_hidden_act', 'relu2') != 'relu2':
-    _refuse('mlp_hidden_act', hf['mlp_hidden_act'], "Nemotron-H's MLP is squared ReLU ('relu2')")
+    refuse('mlp_hidden_act', hf['mlp_hidden_act'], "Nemotron-H's MLP is squared ReLU ('relu2')")
   _silu(hf, 'mamba_hidden_act')
   _no_bias(hf, 'use_bias', 'mlp_bias')
-  fields = _common(hf, kinds, head_dim=_positive_int(hf, 'head_dim', 128), eps_field='layer_norm_epsilon', eps=1e-5)
+  fields = _common(hf, kinds, head_dim=positive_int(hf, 'head_dim', 128), eps_field='layer_norm_epsilon', eps=1e-5)
   fields.update(block_mlp=False, mlp='relu2', rope_full=False,
-                mamba2=dict(num_heads=_positive_int(hf, 'mamba_num_heads', 128),
-                            head_dim=_positive_int(hf, 'mamba_head_dim', 64),
-                            state_dim=_positive_int(hf, 'ssm_state_size', 128),
-                            num_groups=_positive_int(hf, 'n_groups', 8), conv_width=_positive_int(hf, 'conv_kernel', 4),
+                mamba2=dict(num_heads=positive_int(hf, 'mamba_num_heads', 128),
+                            head_dim=positive_int(hf, 'mamba_head_dim', 64),
+                            state_dim=positive_int(hf, 'ssm_state_size', 128),
+                            num_groups=positive_int(hf, 'n_groups', 8), conv_width=positive_int(hf, 'conv_kernel', 4),
                             conv_bias=bool(hf.get('use_conv_bias', True)), norm_by_group=True,
                             dt_floor=float(hf.get('time_step_min', 0.001))))
   return fields, False  # NemotronH never ties its head.
@@ -286,10 +255,10 @@ def _nemotron_h_rules(model_cfg, spec, i):
 def _bamba_plan(hf):
   _no_bias(hf, 'attention_bias', 'mlp_bias')
   _silu(hf, 'hidden_act')
-  n = _positive_int(hf, 'num_hidden_layers')
+  n = positive_int(hf, 'num_hidden_layers')
   indices = hf.get('attn_layer_indices') or []
   if not isinstance(indices, (list, tuple)) or any(not isinstance(j, int) or not 0 <= j < n for j in indices):
-    _refuse('attn_layer_indices', indices, f'layer indices in 0..{n - 1}')
+    refuse('attn_layer_indices', indices, f'layer indices in 0..{n - 1}')
   kinds = ['full' if i in indices else 'mamba2' for i in range(n)]
   theta, factor = _rope(hf, default_factor=0.5)
   fields = _common(hf, kinds, eps=1e-5)
@@ -300,8 +269,7 @@ def _bamba_plan(hf):
 
 def _bamba_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
-  rules = [Rule(p + 'input_layernorm.weight', ((('mixer_norm', 'scale'), SAME),)),
-           Rule(p + 'pre_ff_layernorm.weight', ((('mlp_norm', 'scale'), SAME),)),
+  rules = [*block_norm_rules(p, 'input_layernorm', 'pre_ff_layernorm'),
            *swiglu_rules(p + 'feed_forward.')]
   if spec.kind == 'mamba2':
     return rules + mamba_rules(p + 'mamba.', bool(model_cfg.mamba2.conv_bias))
@@ -314,37 +282,29 @@ _GRANITE_TYPES = {'linear_attention': 'mamba2', 'mamba': 'mamba2', 'full_attenti
 def _granite_hybrid_plan(hf):
   experts = hf.get('num_local_experts', 8)
   if experts:
-    _refuse('num_local_experts', experts, 'only the dense Granite-4.0-H (0 experts, shared MLP alone) is supported')
+    refuse('num_local_experts', experts, 'only the dense Granite-4.0-H (0 experts, shared MLP alone) is supported')
   _no_bias(hf, 'attention_bias')
   _silu(hf, 'hidden_act')
-  n = _positive_int(hf, 'num_hidden_layers')
+  n = positive_int(hf, 'num_hidden_layers')
   kinds = (_layer_list(hf, 'layer_types', _GRANITE_TYPES, n) if hf.get('layer_types') is not None
            else ['mamba2'] * n)
-  fields = _common(hf, kinds, d_ff=_positive_int(hf, 'shared_intermediate_size', 1024))
+  fields = _common(hf, kinds, d_ff=positive_int(hf, 'shared_intermediate_size', 1024))
   rope = hf.get('position_embedding_type') == 'rope'
   if rope:
     theta, factor = _rope(hf)
     fields.update(rope_base=float(theta), attention=dict(rope_dims=_rope_dims(fields['head_dim'], factor)))
-  scale = _positive_number(hf, 'attention_multiplier', 1.0)
+  scale = positive_number(hf, 'attention_multiplier', 1.0)
   fields.update(rope_full=rope, mamba2=_mamba_expand_fields(hf),
-                embedding_multiplier=_positive_number(hf, 'embedding_multiplier', 1.0),
-                residual_multiplier=_positive_number(hf, 'residual_multiplier', 1.0),
-                logits_scaling=_positive_number(hf, 'logits_scaling', 1.0),
+                embedding_multiplier=positive_number(hf, 'embedding_multiplier', 1.0),
+                residual_multiplier=positive_number(hf, 'residual_multiplier', 1.0),
+                logits_scaling=positive_number(hf, 'logits_scaling', 1.0),
                 attention_scale=0.0 if scale == fields['head_dim'] ** -0.5 else scale)
   return fields, bool(hf.get('tie_word_embeddings', False))
 
 
-def _positive_number(hf, field, default) -> float:
-  value = hf.get(field, default)
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-    _refuse(field, value, 'a finite number > 0 is required')
-  return float(value)
-
-
 def _granite_hybrid_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
-  rules = [Rule(p + 'input_layernorm.weight', ((('mixer_norm', 'scale'), SAME),)),
-           Rule(p + 'post_attention_layernorm.weight', ((('mlp_norm', 'scale'), SAME),)),
+  rules = [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm'),
            Rule(p + 'shared_mlp.input_linear.weight', ((('mlp', 'gate'), TRANSPOSE), (('mlp', 'up'), TRANSPOSE))),
            Rule(p + 'shared_mlp.output_linear.weight', ((('mlp', 'down'), TRANSPOSE),))]
   if spec.kind == 'mamba2':

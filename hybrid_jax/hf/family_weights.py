@@ -48,8 +48,9 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
   `ignored_names`)."""
   skipped = set(ignored_names(family, names))
   names = canonical_names(family, [n for n in names if n not in skipped])
-  used, stacks = set(), {}
-  params = weights.empty_like(abstract)
+  stored = set(names.values())
+  used = set()
+  params = weights.Assembly(abstract)
   for rule, targets in _entries(family, model_cfg):
     shapes = [_shape(abstract, path, index) for path, index in targets]
     name = rule.name
@@ -58,30 +59,19 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
       if name in names:  # A tied checkpoint may still store the head: it must be the embedding.
         weights.check_tied_head(read, names[name], embed)
         used.add(names[name])
-      pieces = [weights.read_checked(read, set(names.values()), embed, shapes[0][::-1], np.float32).T]
+      pieces = [weights.read_checked(read, stored, embed, shapes[0][::-1], np.float32).T]
     else:
       hf_shape = rule.hf_shape(shapes)
       if name not in names:
         raise HFError(f'the checkpoint has no tensor {name!r} (expected shape {tuple(hf_shape)})')
-      y = weights.read_checked(read, set(names.values()), names[name], hf_shape, np.float32)
+      y = weights.read_checked(read, stored, names[name], hf_shape, np.float32)
       used.add(names[name])
       pieces = [transform.from_hf(piece, shape) for (_, transform), piece, shape
                 in zip(rule.parts, rule.split(y, shapes), shapes)]
-    for (path, index), value, shape in zip(targets, pieces, shapes):
-      dtype = weights.get_path(abstract, path).dtype
-      value = np.asarray(value, np.float32).astype(dtype)
-      if index is None:
-        weights.set_path(params, path, value)
-      else:
-        stacks.setdefault(path, [None] * weights.get_path(abstract, path).shape[0])[index] = value
-  for path, layers in stacks.items():
-    weights.set_path(params, path, np.stack(layers))
-  unused = sorted(set(names.values()) - used)
-  unused = [n for n in unused if not n.endswith(weights.DERIVED_SUFFIXES)]
-  if unused:
-    raise HFError(f'the checkpoint holds tensors hybrid_jax has no place for: {unused[:8]}'
-                  f'{" ..." if len(unused) > 8 else ""} ({len(unused)} in all)')
-  return params
+    for (path, index), value in zip(targets, pieces):
+      params.put(path, index, np.asarray(value, np.float32).astype(weights.get_path(abstract, path).dtype))
+  weights.refuse_unused(stored, used)
+  return params.done()
 
 
 def to_hf(family, params, model_cfg, *, dtype=np.float32) -> dict[str, np.ndarray]:

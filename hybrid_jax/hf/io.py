@@ -237,13 +237,7 @@ def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable 
   reader = TensorReader(path)
   # Finite sink tensors (GraniteSWA) make a model with learned sinks; all -inf, one without.
   sinks = weights.finite_sinks(reader, reader.names, table, plan.model_fields['num_layers'])
-  config = load_config_file(str(BASE_CONFIG))
-  config.model.update({**plan.model_fields, 'attention_sinks': sinks, 'dtype': 'float32', 'param_dtype': 'float32',
-                       **(model_overrides or {})})
-  try:
-    validate(config)
-  except ConfigError as e:
-    raise HFError(f'{path}/config.json maps to an invalid hybrid_jax model: {e}') from e
+  config = _model_config(path, {**plan.model_fields, 'attention_sinks': sinks}, model_overrides)
   abstract = runs.abstract_params(config.model)
   params = weights.from_hf_tensors(reader, reader.names, abstract, config.model, table, tied=plan.tied)
   return config, params, plan

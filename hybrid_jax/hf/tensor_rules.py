@@ -56,6 +56,12 @@ class Rule:
     return np.concatenate(pieces, axis=0)
 
 
+def block_norm_rules(p: str, mixer_norm: str, mlp_norm: str, transform=SAME) -> list[Rule]:
+  """A block's two norms: the mixer's (`p + mixer_norm + '.weight'`) and the MLP's."""
+  return [Rule(p + mixer_norm + '.weight', ((('mixer_norm', 'scale'), transform),)),
+          Rule(p + mlp_norm + '.weight', ((('mlp_norm', 'scale'), transform),))]
+
+
 def attention_rules(p: str, options: dict, *, gate_interleaved=False) -> list[Rule]:
   q = Rule(p + 'q_proj.weight', ((('mixer', 'wq'), HEADS_IN), (('mixer', 'wgate'), HEADS_IN)), interleave=2) \
       if gate_interleaved else Rule(p + 'q_proj.weight', ((('mixer', 'wq'), HEADS_IN),))

@@ -166,9 +166,8 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
   misshapen, unused or unrepresentable tensors (finite sinks) raise HFError naming the tensor.
   """
   names = set(names)
-  used = {n for n in names if n.endswith(DERIVED_SUFFIXES)}
-  stacks = {}
-  params = empty_like(abstract)
+  used = set()
+  params = Assembly(abstract)
   embed_name = table.name(('embed',))
   for path, index, name, transform in _entries(model_cfg, table):
     target = get_path(abstract, path)
@@ -183,12 +182,8 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
     else:
       value = transform.from_hf(read_checked(read, names, source, transform.hf_shape(shape), target.dtype), shape)
     used.add(source)
-    if index is None:
-      set_path(params, path, value)
-    else:
-      stacks.setdefault(path, [None] * target.shape[0])[index] = value
-  for path, layers in stacks.items():
-    set_path(params, path, np.stack(layers))
+    params.put(path, index, value)
+  params = params.done()
   if table.sinks and not model_cfg.attention_sinks:
     for i in range(model_cfg.num_layers):
       name = table.sinks.format(i=i)
@@ -197,11 +192,35 @@ def from_hf_tensors(read: Callable[[str], np.ndarray], names, abstract, model_cf
         raise HFError(f'{name} holds finite attention sinks {value.tolist()}, but the model is built without them; '
                       'import with model.attention_sinks=True')
       used.add(name)
-  unused = sorted(names - used)
+  refuse_unused(names, used)
+  return params
+
+
+class Assembly:
+  """hybrid_jax params shaped like `abstract`, filled tensor by tensor: a top-level parameter is set, a layer's
+  (stack index given) waits for its layers to be stacked along the leading `layers` axis by `done`."""
+
+  def __init__(self, abstract):
+    self.abstract, self.params, self.stacks = abstract, empty_like(abstract), {}
+
+  def put(self, path, index, value):
+    if index is None:
+      set_path(self.params, path, value)
+    else:
+      self.stacks.setdefault(path, [None] * get_path(self.abstract, path).shape[0])[index] = value
+
+  def done(self) -> dict:
+    for path, layers in self.stacks.items():
+      set_path(self.params, path, np.stack(layers))
+    return self.params
+
+
+def refuse_unused(names, used):
+  """HFError naming the checkpoint tensors (`names`) that no parameter took (`used`): nothing is dropped silently."""
+  unused = sorted(set(names) - set(used) - {n for n in names if n.endswith(DERIVED_SUFFIXES)})
   if unused:
     raise HFError(f'the checkpoint holds tensors hybrid_jax has no place for: {unused[:8]}'
                   f'{" ..." if len(unused) > 8 else ""} ({len(unused)} in all)')
-  return params
 
 
 def check_tied_head(read, name, embed_name):
