@@ -29,11 +29,16 @@ class MeanPool(nnx.Module):
   def _out(self, mean):
     return layers.checkpoint_name(mean.astype(self.dtype) @ self.w_out[...].astype(self.dtype), layers.MIXER_OUT)
 
-  def __call__(self, x, positions):
+  def __call__(self, x, positions, segment_ids=None):
+    """With segment_ids [B, T] the mean runs over the token's own document only."""
     del positions
     v = self._project(x)
-    count = jnp.arange(1, x.shape[1] + 1, dtype=jnp.float32)[:, None]
-    return self._out(jnp.cumsum(v, axis=1) / count)
+    if segment_ids is None:
+      count = jnp.arange(1, x.shape[1] + 1, dtype=jnp.float32)[:, None]
+      return self._out(jnp.cumsum(v, axis=1) / count)
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, S]: query t, key s.
+    visible = (same & jnp.tril(jnp.ones((x.shape[1],) * 2, bool)))[..., None].astype(v.dtype)
+    return self._out(jnp.sum(visible * v[:, None], axis=2) / jnp.sum(visible, axis=2))
 
   def init_state(self, batch: int, max_len: int):
     del max_len

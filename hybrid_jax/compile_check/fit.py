@@ -93,10 +93,11 @@ def compile_step(config, target: Target, memory_limit: float | None = None) -> d
          'device_kind': target.devices[0].device_kind, 'chips': len(target.devices), 'mesh': dict(plan.mesh.shape),
          'batch_size': int(t.batch_size), 'per_chip_batch': int(t.batch_size) / plan.shards,
          'grad_accum': int(t.grad_accum), 'remat': config.model.remat,
-         'shard_optimizer': bool(config.parallel.shard_optimizer)}
+         'shard_optimizer': bool(config.parallel.shard_optimizer), 'packing': config.data.get('packing', 'concat')}
   tic = time.perf_counter()
   try:
-    compiled = step_lib.compile_train_step(plan.model_def, plan.tx, t, plan.shardings, plan.abstract, seq_len)
+    compiled = step_lib.compile_train_step(plan.model_def, plan.tx, t, plan.shardings, plan.abstract, seq_len,
+                                           config.data.get('packing', 'concat'))
   except Exception as e:  # pylint: disable=broad-except
     if 'RESOURCE_EXHAUSTED' not in str(e):
       raise

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from hybrid_jax.train import step as step_lib
+
 
 def perplexity(loss: float) -> float:
   return math.exp(min(loss, 700.0))
@@ -22,12 +24,18 @@ def loss_by_position(nll_sum, counts, buckets: int) -> list[dict]:
 
 
 def evaluate_packed(eval_step, params, batches) -> dict:
-  """{'packed_loss', 'packed_perplexity', 'packed_tokens'} over packed held-out `batches` with a jitted eval step."""
+  """{'packed_loss', 'packed_perplexity', 'packed_tokens'} over packed held-out `batches` with a jitted eval step;
+  with documents, over the targets the training loss counts (`step.target_weights`)."""
   if not batches:
     raise ValueError('evaluation needs at least one batch')
   total, tokens = 0.0, 0
   for batch in batches:
     nll = np.asarray(eval_step(params, batch), np.float64)
-    total, tokens = total + nll.sum(), tokens + nll.size
+    weights = step_lib.target_weights(batch)
+    if weights is None:
+      total, tokens = total + nll.sum(), tokens + nll.size
+    else:
+      weights = np.asarray(weights, np.float64)
+      total, tokens = total + (nll * weights).sum(), tokens + int(weights.sum())
   loss = total / tokens
   return {'packed_loss': loss, 'packed_perplexity': perplexity(loss), 'packed_tokens': tokens}

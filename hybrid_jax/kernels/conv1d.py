@@ -2,10 +2,13 @@
 
 y_t = sum_i weight[i] * x_{t-W+1+i} (+ bias), per channel; inputs before the sequence come from the state, the last
 W-1 inputs [B, W-1, C] (oldest first), zeros by default. W shifted multiply-adds beat a general conv for W = 4 and
-keep the state handling obvious. Accumulates in float32; y in x's dtype; the state keeps x's dtype (exact inputs).
+keep the state handling obvious. With `segment_ids` (packed documents, hybrid_jax.kernels.segments) a tap reads
+zero where its input lies in another document; the state's inputs belong to the row's first document. Accumulates in float32; y in x's dtype; the state keeps x's dtype (exact inputs).
 """
 
 import jax.numpy as jnp
+
+from hybrid_jax.kernels import segments
 
 
 def _check(x, weight, bias, state, rank):
@@ -20,23 +23,36 @@ def _check(x, weight, bias, state, rank):
     raise ValueError(f'state must have shape [B, W-1, C] = {want}, got {jnp.shape(state)}')
 
 
-def _apply(xp, weight, bias, t, dtype):
-  """xp [B, W-1+T, C] -> y [B, T, C]."""
+def _apply(xp, weight, bias, t, dtype, runs=None):
+  """xp [B, W-1+T, C] -> y [B, T, C]; runs [B, W-1+T]: the document of each input (None: one document)."""
   ct = jnp.result_type(xp.dtype, weight.dtype, jnp.float32)
-  y = sum(weight[i].astype(ct) * xp[:, i:i + t].astype(ct) for i in range(weight.shape[0]))
+  w = weight.shape[0]
+
+  def tap(i):
+    x = xp[:, i:i + t].astype(ct)
+    if runs is not None and i < w - 1:
+      x = jnp.where((runs[:, i:i + t] == runs[:, w - 1:])[..., None], x, 0)
+    return weight[i].astype(ct) * x
+
+  y = sum(tap(i) for i in range(w))
   if bias is not None:
     y = y + bias.astype(ct)
   return y.astype(dtype)
 
 
-def causal_conv1d(x, weight, *, bias=None, initial_state=None):
-  """x [B,T,C], weight [W,C], bias [C] -> (y [B,T,C], final_state [B,W-1,C] = last W-1 inputs)."""
+def causal_conv1d(x, weight, *, bias=None, initial_state=None, segment_ids=None):
+  """x [B,T,C], weight [W,C], bias [C], segment_ids [B,T] -> (y [B,T,C], final_state [B,W-1,C] = last W-1
+  inputs)."""
   _check(x, weight, bias, initial_state, 3)
   b, t, c = x.shape
   w = weight.shape[0]
   state = jnp.zeros((b, w - 1, c), x.dtype) if initial_state is None else initial_state.astype(x.dtype)
   xp = jnp.concatenate([state, x], axis=1)
-  return _apply(xp, weight, bias, t, x.dtype), xp[:, xp.shape[1] - (w - 1):]
+  runs = None
+  if segment_ids is not None:
+    segments.check(segment_ids, b, t)
+    runs = jnp.pad(segments.runs(segment_ids), [(0, 0), (w - 1, 0)])  # The state continues into document 0.
+  return _apply(xp, weight, bias, t, x.dtype, runs), xp[:, xp.shape[1] - (w - 1):]
 
 
 def causal_conv1d_step(state, x_t, weight, *, bias=None):

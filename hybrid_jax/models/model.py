@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.models import layers, pattern
+from hybrid_jax.models import documents, layers, pattern
 from hybrid_jax.models.layers import RMSNorm, dtype_of, param
 from hybrid_jax.models.mixers import make_mixer, registry
 from hybrid_jax.parallel import activations
@@ -81,11 +81,11 @@ class Block(nnx.Module):
       return self.add(x, self.mlp_norm(self.mlp(x)))
     return self.add(x, self.mlp(self.mlp_norm(x)))
 
-  def __call__(self, x, positions):
+  def __call__(self, x, positions, segment_ids=None):
     # Named scopes survive into the compiled program's op metadata: `bench step` attributes profiled time by them.
     with jax.named_scope(self.scope):
       with jax.named_scope('mixer'):
-        x = self.add(x, self.mixer_output(self.mixer(self.mixer_input(x), positions)))
+        x = self.add(x, self.mixer_output(self.mixer(self.mixer_input(x), positions, segment_ids)))
       with jax.named_scope('mlp'):
         x = self.mlp_branch(x)
     return activations.constrain(x, activations.RESIDUAL)
@@ -104,11 +104,11 @@ class Cycle(nnx.Module):
     self.blocks = nnx.List([Block(cfg, spec, rngs=rngs) for spec in specs])
     self.remat = cfg.remat
 
-  def __call__(self, x, positions):
+  def __call__(self, x, positions, segment_ids=None):
     # Each block is its own remat unit, not the cycle, so the backward need not recompute a whole cycle at once:
     # swa128_1to3 (3 SWA + 1 full) at S1 on v5p peaks at 38.3 GB this way, 48.9 GB with the cycle as the unit.
     for block in self.blocks:
-      x = run_block(block, x, positions, self.remat)
+      x = run_block(block, x, positions, self.remat, segment_ids)
     return x
 
   def decode(self, x, where, states, *, prefill: bool):
@@ -131,17 +131,17 @@ def _stack_modules(modules):
   return module
 
 
-def _apply_pure(graphdef, state, x, positions):
-  return nnx.merge(graphdef, state)(x, positions)
+def _apply_pure(graphdef, state, x, positions, segment_ids=None):
+  return nnx.merge(graphdef, state)(x, positions, segment_ids)
 
 
-def run_block(block, x, positions, remat: str):
-  """block(x, positions) under the remat policy (the unit of rematerialisation is one block)."""
+def run_block(block, x, positions, remat: str, segment_ids=None):
+  """block(x, positions, segment_ids) under the remat policy (the unit of rematerialisation is one block)."""
   if remat == 'none':
-    return block(x, positions)
+    return block(x, positions, segment_ids)
   graphdef, state = nnx.split(block)
   fn = jax.checkpoint(_apply_pure, policy=_REMAT_POLICIES[remat], static_argnums=(0,))
-  return fn(graphdef, state, x, positions)
+  return fn(graphdef, state, x, positions, segment_ids)
 
 
 class HybridLM(nnx.Module):
@@ -173,19 +173,18 @@ class HybridLM(nnx.Module):
       x = x * self.embedding_multiplier
     return x.astype(self.dtype if dtype is None else dtype)
 
-  def hidden_states(self, tokens, positions=None):
-    """Final-norm hidden states [B, T, d_model] for int tokens [B, T]."""
-    if positions is None:
-      positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+  def hidden_states(self, tokens, positions=None, segment_ids=None):
+    """Final-norm hidden states [B, T, d_model] for int tokens [B, T]; positions and documents as `__call__`."""
+    positions, segment_ids = documents.resolve(tokens, positions, segment_ids)
     with jax.named_scope('embed'):
       x = self.embed_tokens(tokens)
     x = activations.constrain(x, activations.RESIDUAL)
     if self.scan_layers:
       graphdef, stacked = nnx.split(self.cycles)
       body = functools.partial(_apply_pure, graphdef)
-      x, _ = jax.lax.scan(lambda h, s: (body(s, h, positions), None), x, stacked)
+      x, _ = jax.lax.scan(lambda h, s: (body(s, h, positions, segment_ids), None), x, stacked)
     for block in self.tail:
-      x = run_block(block, x, positions, self.remat)
+      x = run_block(block, x, positions, self.remat, segment_ids)
     with jax.named_scope('final_norm'):
       return self.final_norm(x)
 
@@ -197,9 +196,13 @@ class HybridLM(nnx.Module):
         logits = logits / self.logits_scaling
       return activations.constrain(logits, activations.LOGITS)
 
-  def __call__(self, tokens, positions=None):
-    """Logits [B, T, vocab] (compute dtype) for int tokens [B, T]."""
-    return self.logits(self.hidden_states(tokens, positions))
+  def __call__(self, tokens, positions=None, segment_ids=None):
+    """Logits [B, T, vocab] (compute dtype) for int tokens [B, T].
+
+    segment_ids [B, T] (packed documents, hybrid_jax.models.documents): each token sees only its own document in
+    every layer; positions [B, T] or [T] default to 0..T-1, or to each token's offset in its document.
+    """
+    return self.logits(self.hidden_states(tokens, positions, segment_ids))
 
   # ------------------------------------------------------------------------------------------- decoding
   def init_decode_state(self, batch: int, max_len: int) -> dict:

@@ -1,6 +1,11 @@
 """Pure train and eval steps: `train_step(state, batch) -> (state, metrics)`.
 
 Losses, log-partition terms and per-position statistics are float32 regardless of the compute dtype.
+
+A batch is {'inputs', 'targets'} int32 [B, T], and with packed documents (data.packing='documents') also
+'segment_ids', 'positions' and 'target_segment_ids' [B, T]: the model then keeps the documents apart, and the loss
+counts a target only inside its input token's document (`target_weights`), so the EOS closing a document is not
+asked to predict the next document's first token, and padding (segment 0) counts nowhere.
 """
 
 import contextlib
@@ -21,8 +26,19 @@ def token_nll(logits, targets):
   return log_z - target_logit, log_z
 
 
-def sequence_nll(model, tokens, targets, chunk: int = 0):
-  """(-log p(target), log Z) per token [B, T], in float32, for int tokens and targets [B, T].
+def target_weights(batch):
+  """float32 [B, T]: which targets count toward the loss of a batch with documents; None for a batch without
+  (every target counts). Works on NumPy and JAX arrays alike."""
+  if 'segment_ids' not in batch:
+    return None
+  seg = batch['segment_ids']
+  target_seg = batch.get('target_segment_ids', seg)
+  return ((seg == target_seg) & (seg != 0)).astype(jnp.float32)
+
+
+def sequence_nll(model, tokens, targets, chunk: int = 0, *, positions=None, segment_ids=None):
+  """(-log p(target), log Z) per token [B, T], in float32, for int tokens and targets [B, T] (documents as
+  `model(tokens, positions, segment_ids)`).
 
   With 0 < chunk < T the LM head and the loss run over `chunk` positions at a time under remat, so the
   [B, T, vocab] logits never exist at once (at 8 x 16K tokens x 73K vocab they are 19 GB in bf16, 38 GB in
@@ -34,7 +50,7 @@ def sequence_nll(model, tokens, targets, chunk: int = 0):
     with jax.named_scope('loss'):
       return token_nll(logits, targets)
 
-  h = model.hidden_states(tokens)
+  h = model.hidden_states(tokens, positions, segment_ids)
   batch, length = targets.shape
   if not chunk or chunk >= length:
     return head_and_loss(h, targets)
@@ -70,29 +86,40 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
   accum, z_weight = int(train_cfg.grad_accum), float(train_cfg.z_loss)
   loss_chunk = int(train_cfg.loss_chunk)
 
-  def loss_fn(params, batch):
+  def loss_fn(params, batch, counted):
+    """(loss + z-loss, loss) of a (micro-)batch: the mean over its targets, or with documents the sum over the
+    counted targets divided by `counted`, the whole batch's count (so micro-batches add up to the batch's mean)."""
     with _tracing_for(shardings):
-      nll, log_z = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk)
-    loss = jnp.mean(nll)
-    total = loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss
+      nll, log_z = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk,
+                                positions=batch.get('positions'), segment_ids=batch.get('segment_ids'))
+    weights = target_weights(batch)
+    if weights is None:
+      loss = jnp.mean(nll)
+      total = loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss
+    else:
+      loss = jnp.sum(nll * weights) / counted
+      total = loss + z_weight * jnp.sum(jnp.square(log_z) * weights) / counted if z_weight else loss
     return total, loss
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def train_step(state, batch):
     params = state['params']
+    weights = target_weights(batch)
+    counted = None if weights is None else jnp.maximum(jnp.sum(weights), 1.0)
     if accum == 1:
-      (_, loss), grads = grad_fn(params, batch)
+      (_, loss), grads = grad_fn(params, batch, counted)
     else:
       micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
 
       def body(carry, mb):
-        (_, loss), grads = grad_fn(params, mb)
+        (_, loss), grads = grad_fn(params, mb, counted)
         return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
       zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
       (loss, grads), _ = jax.lax.scan(body, zeros, micro)
-      loss, grads = jax.tree.map(lambda x: x / accum, (loss, grads))
+      if weights is None:  # Means of equal micro-batches; with documents the parts already sum to the mean.
+        loss, grads = jax.tree.map(lambda x: x / accum, (loss, grads))
     with jax.named_scope('optimizer'):
       updates, opt_state = tx.update(grads, state['opt_state'], params)
       new_params = optax.apply_updates(params, updates)
@@ -110,12 +137,14 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
 def make_eval_step(model_def, shardings=None, loss_chunk: int = 0):
   """Jitted (params, batch) -> per-token NLL [B, T] in float32 (per sequence, for standard errors across documents).
 
-  `loss_chunk` as in `sequence_nll` (long contexts: the logits of a whole batch need not fit).
+  `loss_chunk` as in `sequence_nll` (long contexts: the logits of a whole batch need not fit). A batch with
+  documents runs them apart; which of its targets count is `target_weights(batch)`.
   """
 
   def eval_step(params, batch):
     with _tracing_for(shardings):
-      nll, _ = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk)
+      nll, _ = sequence_nll(model_def.bind(params), batch['inputs'], batch['targets'], loss_chunk,
+                            positions=batch.get('positions'), segment_ids=batch.get('segment_ids'))
     return nll
 
   if shardings is None:
@@ -124,13 +153,18 @@ def make_eval_step(model_def, shardings=None, loss_chunk: int = 0):
                  out_shardings=shardings.replicated)
 
 
-def compile_train_step(model_def, tx, train_cfg, shardings, abstract_state, seq_len: int):
-  """Lowers and compiles the sharded train step for `shardings.mesh` from shapes only (nothing runs).
+BATCH_KEYS = {'concat': ('inputs', 'targets'),
+              'documents': ('inputs', 'targets', 'segment_ids', 'positions', 'target_segment_ids')}
+
+
+def compile_train_step(model_def, tx, train_cfg, shardings, abstract_state, seq_len: int, packing: str = 'concat'):
+  """Lowers and compiles the sharded train step for `shardings.mesh` from shapes only (nothing runs), for the
+  batches of `packing` (data.packing).
 
   The mesh may be made of devices that are not attached (jax.experimental.topologies), so a pod's fit can be
   checked from a laptop.
   """
-  batch = jax.ShapeDtypeStruct((int(train_cfg.batch_size), int(seq_len)), jnp.int32, sharding=shardings.batch)
+  row = jax.ShapeDtypeStruct((int(train_cfg.batch_size), int(seq_len)), jnp.int32, sharding=shardings.batch)
   step = make_train_step(model_def, tx, train_cfg, shardings)
-  return step.lower(abstract_state, {'inputs': batch, 'targets': batch}).compile()
+  return step.lower(abstract_state, {key: row for key in BATCH_KEYS[packing]}).compile()
 

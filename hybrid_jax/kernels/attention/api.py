@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax.kernels import platform
+from hybrid_jax.kernels import segments
 from hybrid_jax.kernels.attention import pallas_gpu
 from hybrid_jax.kernels.attention import pallas_tpu
 from hybrid_jax.kernels.attention import reference
@@ -18,13 +19,15 @@ from hybrid_jax.kernels.attention import xla
 
 
 def _cudnn(q, k, v, *, window, scale, sinks, segment_ids):
-  """cuDNN fused attention through jax.nn; supports the plain causal sliding window only."""
+  """cuDNN fused attention through jax.nn; supports the plain causal sliding window only (a call with documents
+  falls back, see `attention`)."""
   if platform.target() != 'gpu':
     raise RuntimeError(f"implementation='cudnn' needs a GPU target; the target is {platform.target()!r} "
                        "(use implementation='xla' or None)")
   local = None if window is None or window >= q.shape[1] else (window - 1, 0)
-  if (sinks and local is not None) or segment_ids is not None:  # Sinks are moot under full causal.
-    raise ValueError("implementation='cudnn' supports neither sinks nor segment_ids; use 'xla'")
+  if sinks and local is not None:  # Sinks are moot under full causal.
+    raise ValueError("implementation='cudnn' does not support sinks; use 'xla'")
+  del segment_ids  # `attention` never passes documents here.
   return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, local_window_size=local,
                                       implementation='cudnn')
 
@@ -65,11 +68,12 @@ def _bucket(window, t):
   return next(bound for bound, _ in _GPU_BY_WINDOW if bound is None or (not full and window <= bound))
 
 
-def _auto(q, window, sinks, segment_ids):
+def _auto(q, window, sinks, segment_ids, preferred=None):
+  """The automatic choice; `preferred` (a GPU kernel asked for by name that cannot run the call) is tried first."""
   backend = platform.target()
   if backend != 'gpu':
     return _AUTO.get(backend, 'xla')
-  preferred = dict(_GPU_BY_WINDOW)[_bucket(window, q.shape[1])]
+  preferred = preferred or dict(_GPU_BY_WINDOW)[_bucket(window, q.shape[1])]
   for name in (preferred,) + _FALLBACK:
     if _supports(name, q, window, sinks, segment_ids):
       if name != preferred and (preferred, name) not in _warned:
@@ -85,14 +89,20 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, im
 
   q [B,T,Hq,D], k/v [B,T,Hkv,D] with Hq % Hkv == 0. Key j is visible to query i iff j <= i and
   (i - window < j or j < sinks); window None (or >= T) is full causal. With segment_ids [B,T], only keys of the
-  query's own segment are visible. scale defaults to D**-0.5.
+  query's own document are visible: a document is a run of equal ids (an id that comes back later in the row
+  starts another document). scale defaults to D**-0.5.
   implementation: None/'auto' (best available: 'pallas_tpu' on TPU, per-window table on GPU, 'xla' on CPU),
   'reference', 'xla', 'cudnn', 'pallas_gpu', 'pallas_tpu' (the Pallas ones run in interpret mode on CPU).
+  'cudnn' has no documents: with segment_ids it falls back as the automatic choice does, warning once.
   Returns o [B,T,Hq,D] in q's dtype.
   """
   window, sinks = _check(q, k, v, window, sinks, segment_ids)
   if implementation in (None, 'auto'):
     implementation = _auto(q, window, sinks, segment_ids)
+  elif implementation == 'cudnn' and segment_ids is not None and platform.target() == 'gpu':
+    implementation = _auto(q, window, sinks, segment_ids, preferred='cudnn')
+  if segment_ids is not None:
+    segment_ids = segments.runs(segment_ids)
   if implementation not in _IMPLEMENTATIONS:
     raise ValueError(f'unknown attention implementation {implementation!r}; allowed: None, '
                      f"'auto', {', '.join(map(repr, IMPLEMENTATIONS))}")
@@ -123,10 +133,7 @@ def _check(q, k, v, window, sinks, segment_ids):
   if sinks < 0:
     raise ValueError(f'sinks must be >= 0, got {sinks}')
   if segment_ids is not None:
-    if jnp.shape(segment_ids) != (b, t):
-      raise ValueError(f'segment_ids must have shape [B, T] = {(b, t)}, got {jnp.shape(segment_ids)}')
-    if not jnp.issubdtype(jnp.result_type(segment_ids), jnp.integer):
-      raise ValueError(f'segment_ids must be integers, got {jnp.result_type(segment_ids)}')
+    segments.check(segment_ids, b, t)
   return window, sinks
 
 

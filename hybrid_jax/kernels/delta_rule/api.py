@@ -13,6 +13,7 @@ from hybrid_jax.kernels.delta_rule import reference
 from hybrid_jax.kernels.delta_rule import xla
 from hybrid_jax.kernels.linear_scan.api import check_common
 from hybrid_jax.kernels.linear_scan.api import check_gate
+from hybrid_jax.kernels.linear_scan.api import document_gates
 from hybrid_jax.kernels.linear_scan.api import check_step
 from hybrid_jax.kernels.linear_scan.api import resolve
 from hybrid_jax.kernels.linear_scan.api import run_step
@@ -28,11 +29,12 @@ IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 
 
 def gated_delta_rule(q, k, v, log_decay, beta, *, scale=None, initial_state=None, chunk_size=64,
-                     implementation=None):
+                     segment_ids=None, implementation=None):
   """Gated DeltaNet: S_t = exp(g_t)(I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = scale * S_t^T q_t.
 
   q/k [B,T,Hk,K] (k L2-normalised), v [B,T,Hv,V] (Hv % Hk == 0), log_decay <= 0 [B,T,Hv] (or [Hv]),
   beta in [0, 2] [B,T,Hv], initial_state [B,Hv,K,V] or None; scale defaults to K**-0.5.
+  segment_ids [B,T]: the state restarts from zero at each document start, as in `linear_scan`.
   implementation: None/'auto' (best available, as `linear_scan`: 'pallas_tpu' on TPU, the measured table on GPU,
   'xla' elsewhere), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu' (Pallas ones run interpreted on CPU).
   Returns o [B,T,Hv,V] in q's dtype and the final state [B,Hv,K,V] (float32, float64 for float64 inputs).
@@ -42,6 +44,7 @@ def gated_delta_rule(q, k, v, log_decay, beta, *, scale=None, initial_state=None
                head_dims=(dk, v.shape[3]))
   log_decay = check_gate('log_decay', log_decay, (b, t, hv), hi=0, allow_per_head=True)
   beta = check_gate('beta', beta, (b, t, hv), lo=0, hi=2)
+  log_decay = document_gates(log_decay, segment_ids, b, t)
   scale = dk**-0.5 if scale is None else scale
   return fn(q, k, v, log_decay, beta, scale=scale, initial_state=initial_state, chunk_size=chunk_size)
 

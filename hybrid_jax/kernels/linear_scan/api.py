@@ -15,6 +15,7 @@ import numpy as np
 
 from hybrid_jax.kernels import gpu_smem
 from hybrid_jax.kernels import platform
+from hybrid_jax.kernels import segments
 from hybrid_jax.kernels.linear_scan import pallas_common as pc
 from hybrid_jax.kernels.linear_scan import pallas_gpu
 from hybrid_jax.kernels.linear_scan import pallas_tpu
@@ -123,6 +124,17 @@ def check_common(q, k, v, initial_state, chunk_size):
   return (b, t, hk, dk, hv, dv), chunk_size
 
 
+def document_gates(log_decay, segment_ids, b, t):
+  """log_decay [B, T, Hv] with every document start of `segment_ids` [B, T] as a decay to zero (None: unchanged).
+
+  This is how every implementation, forward and backward, keeps documents apart (hybrid_jax.kernels.segments).
+  """
+  if segment_ids is None:
+    return log_decay
+  segments.check(segment_ids, b, t)
+  return segments.reset_log_decay(log_decay, segment_ids)
+
+
 def check_step(state, q_t, k_t, v_t, gates):
   """Shapes for one decode token; returns gates broadcast to [B, Hv] (name -> array or None)."""
   for name, x in (('q_t', q_t), ('k_t', k_t), ('v_t', v_t)):
@@ -166,12 +178,15 @@ _IMPLEMENTATIONS = {
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 
 
-def linear_scan(q, k, v, log_decay, *, scale=None, initial_state=None, chunk_size=64, implementation=None):
+def linear_scan(q, k, v, log_decay, *, scale=None, initial_state=None, chunk_size=64, segment_ids=None,
+                implementation=None):
   """Scalar-decay linear scan (Lightning attention, Mamba-2 SSD): S_t = exp(g_t) S_{t-1} + k_t v_t^T,
   o_t = scale * S_t^T q_t.
 
   q/k [B,T,Hk,K], v [B,T,Hv,V] (Hv % Hk == 0), log_decay <= 0 of shape [B,T,Hv] or [Hv] (constant per head),
   initial_state [B,Hv,K,V] or None (zeros); scale defaults to K**-0.5. T need not be a multiple of chunk_size.
+  segment_ids [B,T] (integers): the state restarts from zero at each token whose id differs from the previous
+  token's (packed documents; the row's first token continues initial_state).
   implementation: None/'auto' (best available: 'pallas_tpu' on TPU, GPU_MEASURED_CHOICE on GPU, 'xla'
   elsewhere), 'reference', 'xla', 'pallas_gpu', 'pallas_tpu' (the Pallas ones run in interpret mode on CPU).
   Returns o [B,T,Hv,V] in q's dtype and the final state [B,Hv,K,V] (float32, float64 for float64 inputs).
@@ -180,6 +195,7 @@ def linear_scan(q, k, v, log_decay, *, scale=None, initial_state=None, chunk_siz
   fn = resolve(implementation, _IMPLEMENTATIONS, 'linear_scan', dtype=q.dtype, chunk_size=chunk_size,
                head_dims=(dk, v.shape[3]))
   log_decay = check_gate('log_decay', log_decay, (b, t, hv), hi=0, allow_per_head=True)
+  log_decay = document_gates(log_decay, segment_ids, b, t)
   scale = dk**-0.5 if scale is None else scale
   return fn(q, k, v, log_decay, scale=scale, initial_state=initial_state, chunk_size=chunk_size)
 

@@ -87,30 +87,32 @@ class Attention(nnx.Module):
     return checkpoint_name(jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype)),
                            layers.MIXER_OUT)
 
-  def __call__(self, x, positions):
+  def __call__(self, x, positions, segment_ids=None):
     q, k, v = self.qkv(x, positions)
-    return self.out(self._attend(q, k, v), x)
+    return self.out(self._attend(q, k, v, segment_ids), x)
 
-  def _attend(self, q, k, v):
+  def _attend(self, q, k, v, segment_ids=None):
     """Each KV group through its window (head-wise layers: the windowed groups first, then the full ones)."""
     groups = self.kv_groups()
     if len(groups) == 1:
-      return self.attend(q, k, v, groups[0][0])
+      return self.attend(q, k, v, groups[0][0], segment_ids=segment_ids)
     outs = []
     for window, kv in groups:
       heads = slice(kv.start * self.groups, kv.stop * self.groups)
-      outs.append(self.attend(q[:, :, heads], k[:, :, kv], v[:, :, kv], window, heads))
+      outs.append(self.attend(q[:, :, heads], k[:, :, kv], v[:, :, kv], window, heads, segment_ids=segment_ids))
     return jnp.concatenate(outs, axis=2)
 
-  def attend(self, q, k, v, window, heads: slice = slice(None), *, sink_positions: int = 0):
+  def attend(self, q, k, v, window, heads: slice = slice(None), *, sink_positions: int = 0, segment_ids=None):
     """Attention o [B, T, h, D] of query heads `heads` of this layer (q holds just those) over k/v through `window`
-    (None = full causal); the first `sink_positions` positions stay visible too (receptive-field analyses)."""
+    (None = full causal) inside each document of `segment_ids` [B, T] (None: one per row); the first
+    `sink_positions` positions stay visible too (receptive-field analyses)."""
     if self.sinks is None:
       # cuDNN has no sink positions; the automatic choice picks a kernel that has.
       impl = None if self.implementation == 'cudnn' and sink_positions else self.implementation
-      return _kernel(q, k, v, window, self.scale, impl, sink_positions)
+      return _kernel(q, k, v, window, self.scale, impl, sink_positions, segment_ids)
+    # Learned sinks join each row's softmax over the keys it sees, so with documents they are per document.
     o, lse = xla_attention.attention(q, k, v, window=window, scale=self.scale, sinks=sink_positions,
-                                     return_lse=True)
+                                     segment_ids=segment_ids, return_lse=True)
     return (o * jax.nn.sigmoid(lse - self.sinks[...][heads].astype(lse.dtype))[..., None]).astype(o.dtype)
 
   # ------------------------------------------------------------------------------------------- decoding
@@ -150,13 +152,14 @@ class Attention(nnx.Module):
 
 _Q_AXES = ('batch', None, 'heads', None)  # The kernel needs whole sequences: 'seq' is never split here.
 _KV_AXES = ('batch', None, 'kv_heads', None)
+_SEGMENT_AXES = ('batch', None)
 
 
-def _kernel(q, k, v, window, scale, implementation, sinks=0):
+def _kernel(q, k, v, window, scale, implementation, sinks=0, segment_ids=None):
   """The attention kernel, per shard of batch and heads when a sharded step is traced."""
-  fn = lambda q, k, v: kernels.attention(q, k, v, window=window, scale=scale, sinks=sinks,
-                                         implementation=implementation)
-  return activations.shard_local(fn, (q, k, v), (_Q_AXES, _KV_AXES, _KV_AXES), _Q_AXES,
+  fn = lambda q, k, v, segment_ids: kernels.attention(q, k, v, window=window, scale=scale, sinks=sinks,
+                                                      segment_ids=segment_ids, implementation=implementation)
+  return activations.shard_local(fn, (q, k, v, segment_ids), (_Q_AXES, _KV_AXES, _KV_AXES, _SEGMENT_AXES), _Q_AXES,
                                  tied=('heads', 'kv_heads'))
 
 

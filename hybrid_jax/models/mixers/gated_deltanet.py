@@ -56,7 +56,7 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     return {'conv_q': conv(h * k), 'conv_k': conv(h * k), 'conv_v': conv(hv * v),
             'scan': recurrent.zeros_state(batch, hv, k, v)}
 
-  def _forward(self, x, state):
+  def _forward(self, x, state, segment_ids=None):
     dt = self.dtype
     x = x.astype(dt)
     new_state = {}
@@ -65,7 +65,8 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
 
     def project(name, w, conv):
       y, new_state[name] = recurrent.causal_conv_silu(recurrent.project_in(x, w, dt),
-                                                      conv[...], dt, None if state is None else state[name])
+                                                      conv[...], dt, None if state is None else state[name],
+                                                      segment_ids=segment_ids)
       return y
 
     q = recurrent.l2_normalize(project('conv_q', self.wq, self.conv_q))
@@ -75,7 +76,7 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     a = named(x @ self.w_a[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
     log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
     o, new_state['scan'] = recurrent.scan(q, k, v, log_decay, beta, state=None if state is None else state['scan'],
-                                          chunk_size=self.chunk_size, implementation=self.implementation)
+                                          segment_ids=segment_ids, chunk_size=self.chunk_size, implementation=self.implementation)
     gate = jax.nn.silu(recurrent.project_in(x, self.wg, dt).astype(jnp.float32))
     o = (layers.rms_norm(o, self.norm[...], self.norm_eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), new_state

@@ -69,14 +69,14 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     h, k = self.wq.shape[-2:]
     return {'scan': recurrent.zeros_state(batch, h, k, self.wv.shape[-1])}
 
-  def _forward(self, x, state):
+  def _forward(self, x, state, segment_ids=None):
     dt = self.dtype
     x = x.astype(dt)
     proj = lambda w: recurrent.project_in(x, w, dt)
     q, k, v = jax.nn.silu(proj(self.wq)), jax.nn.silu(proj(self.wk)), jax.nn.silu(proj(self.wv))
     log_decay = jnp.asarray(self.log_decay, jnp.float32)
     o, scan_state = recurrent.scan(q, k, v, log_decay, state=None if state is None else state['scan'],
-                                   chunk_size=self.chunk_size, implementation=self.implementation)
+                                   segment_ids=segment_ids, chunk_size=self.chunk_size, implementation=self.implementation)
     gate = jax.nn.sigmoid(proj(self.wg).astype(jnp.float32))
     o = (layers.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), {'scan': scan_state}

@@ -61,7 +61,7 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     conv = jnp.zeros((batch, self.conv_b.shape[-2] - 1, h * p + 2 * gn), self.dtype)
     return {'conv': conv, 'scan': recurrent.zeros_state(batch, h, gn // self.num_groups, p)}
 
-  def _forward(self, x, state):
+  def _forward(self, x, state, segment_ids=None):
     dt = self.dtype
     x = x.astype(dt)
     b, t, _ = x.shape
@@ -74,7 +74,8 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     weight = jnp.concatenate([self.conv_x[...].reshape(-1, h * p), self.conv_b[...], self.conv_c[...]], axis=-1)
     bias = (None if self.conv_bias_x is None else jnp.concatenate(
         [self.conv_bias_x[...].reshape(h * p), self.conv_bias_b[...], self.conv_bias_c[...]]))
-    xbc, conv_state = recurrent.causal_conv_silu(xbc, weight, dt, None if state is None else state['conv'], bias)
+    xbc, conv_state = recurrent.causal_conv_silu(xbc, weight, dt, None if state is None else state['conv'], bias,
+                                                 segment_ids)
     xs = xbc[..., :h * p].reshape(b, t, h, p)
     bs = xbc[..., h * p:h * p + gn].reshape(b, t, g, gn // g)  # B/C groups: key heads shared by value heads.
     cs = xbc[..., h * p + gn:].reshape(b, t, g, gn // g)
@@ -84,7 +85,7 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * delta
     v = (xs.astype(jnp.float32) * delta[..., None]).astype(dt)
     y, scan_state = recurrent.scan(cs, bs, v, log_decay, scale=1.0, state=None if state is None else state['scan'],
-                                   chunk_size=self.chunk_size, implementation=self.implementation)
+                                   segment_ids=segment_ids, chunk_size=self.chunk_size, implementation=self.implementation)
     y = y.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
     y = y * jax.nn.silu(z.astype(jnp.float32))  # Gate before the norm (Mamba-2's RMSNormGated).
     y = y.reshape(b, t, self.norm_groups, -1)  # The norm's groups of heads (one: all heads).

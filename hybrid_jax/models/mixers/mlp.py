@@ -19,8 +19,8 @@ class MLPLayer(nnx.Module):
     del spec
     self.mlp = layers.make_mlp(cfg, rngs=rngs)
 
-  def __call__(self, x, positions):
-    del positions
+  def __call__(self, x, positions, segment_ids=None):
+    del positions, segment_ids
     return self.mlp(x)
 
   def init_state(self, batch: int, max_len: int):

@@ -49,11 +49,12 @@ def conv_param(rngs: nnx.Rngs, width: int, shape, axes, *, dtype) -> nnx.Param:
   return nnx.Param(init, logical_axes=(None, *axes))  # The tap axis is never sharded.
 
 
-def causal_conv_silu(x, weight, dtype, state=None, bias=None):
+def causal_conv_silu(x, weight, dtype, state=None, bias=None, segment_ids=None):
   """(SiLU(causal depthwise conv of x [B, T, *C] + bias), conv state [B, W-1, prod(C)]) with weight [W, *C] and
   bias [prod(C)] (None = none).
 
   `state` carries the last W-1 inputs between calls (None = zeros); one token with a state is a decode step.
+  `segment_ids` [B, T]: no tap reads across a document boundary.
   """
   b, t = x.shape[:2]
   flat = x.reshape(b, t, -1).astype(dtype)
@@ -62,17 +63,18 @@ def causal_conv_silu(x, weight, dtype, state=None, bias=None):
     y, state = kernels.causal_conv1d_step(state, flat[:, 0], w)
     y = y[:, None]
   else:
-    y, state = kernels.causal_conv1d(flat, w, initial_state=state)
+    y, state = kernels.causal_conv1d(flat, w, initial_state=state, segment_ids=segment_ids)
   if bias is not None:
     y = y + bias.astype(y.dtype)
   return jax.nn.silu(y).reshape(x.shape), state
 
 
-def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, chunk_size, implementation):
+def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, segment_ids=None, chunk_size, implementation):
   """(o, final state) of the scalar-decay scan, or of the gated delta rule when `beta` is given.
 
-  Over T tokens it runs the chunked kernel from `state` (None = zeros); one token with a state is an exact decode
-  step through the kernels' `*_step` functions.
+  Over T tokens it runs the chunked kernel from `state` (None = zeros), restarting from zero at each document
+  start of `segment_ids` [B, T]; one token with a state is an exact decode step through the kernels' `*_step`
+  functions.
   """
   if state is not None and q.shape[1] == 1:
     g = log_decay if log_decay.ndim == 1 else log_decay[:, 0]
@@ -82,15 +84,16 @@ def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, chunk_size, i
       o, state = kernels.gated_delta_rule_step(state, q[:, 0], k[:, 0], v[:, 0], g, beta[:, 0], scale=scale)
     return o[:, None], state
   per_token = lambda x: ('batch', None, 'heads') if x.ndim == 3 else ('heads',)
-  args = (q, k, v, log_decay, beta, state)
-  axes = (_SEQ_AXES, _SEQ_AXES, _SEQ_AXES, per_token(log_decay), beta is not None and per_token(beta), _STATE_AXES)
+  args = (q, k, v, log_decay, beta, state, segment_ids)
+  axes = (_SEQ_AXES, _SEQ_AXES, _SEQ_AXES, per_token(log_decay), beta is not None and per_token(beta), _STATE_AXES,
+          _SEGMENT_AXES)
 
-  def kernel(q, k, v, log_decay, beta, state):
+  def kernel(q, k, v, log_decay, beta, state, segment_ids):
     if beta is None:
       return kernels.linear_scan(q, k, v, log_decay, scale=scale, initial_state=state, chunk_size=chunk_size,
-                                 implementation=implementation)
+                                 segment_ids=segment_ids, implementation=implementation)
     return kernels.gated_delta_rule(q, k, v, log_decay, beta, scale=scale, initial_state=state,
-                                    chunk_size=chunk_size, implementation=implementation)
+                                    chunk_size=chunk_size, segment_ids=segment_ids, implementation=implementation)
 
   # Per shard of batch and heads when a sharded step is traced (key and value heads split alike or not at all).
   return activations.shard_local(kernel, args, axes, (_SEQ_AXES, _STATE_AXES), tied=('heads',))
@@ -98,11 +101,12 @@ def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, chunk_size, i
 
 _SEQ_AXES = ('batch', None, 'heads', None)  # q, k [B, T, Hk, K] and v, o [B, T, Hv, V]; whole sequences.
 _STATE_AXES = ('batch', 'heads', None, None)
+_SEGMENT_AXES = ('batch', None)
 
 
 class DecodeMixin:
   """Decode protocol shared with attention (init_state / prefill / step): a recurrent layer's prefill and step are
-  both its forward pass carrying state, `_forward(x, state) -> (y, state)`."""
+  both its forward pass carrying state, `_forward(x, state, segment_ids=None) -> (y, state)`."""
 
   def _configure(self, cfg):
     """Settings every recurrent layer reads: norm epsilon, scan chunk size and kernel, compute dtype."""
@@ -119,9 +123,9 @@ class DecodeMixin:
     del position
     return self._forward(x, state)
 
-  def __call__(self, x, positions):
+  def __call__(self, x, positions, segment_ids=None):
     del positions  # Position enters only through the recurrence (and the short convs).
-    return self._forward(x, None)[0]
+    return self._forward(x, None, segment_ids)[0]
 
 
 def zeros_state(batch, heads, key_dim, value_dim):
