@@ -268,9 +268,8 @@ def test_train_batches_shapes_shift_and_eos():
   it = iter(pipeline.make_train_dataset(c))
   batches = take(it, 3)
   for b in batches:
-    assert set(b) == {'inputs', 'targets'}
-    assert b['inputs'].shape == b['targets'].shape == (4, 64)
-    assert b['inputs'].dtype == b['targets'].dtype == np.int32
+    assert set(b) == {'inputs', 'targets', 'segment_ids', 'positions', 'target_segment_ids'}  # data.packing default
+    assert all(v.shape == (4, 64) and v.dtype == np.int32 for v in b.values())
     np.testing.assert_array_equal(b['inputs'][:, 1:], b['targets'][:, :-1])
     assert b['inputs'].min() >= 0 and b['inputs'].max() <= EOS
   stream = stream_of(batches + take(it, 300))
@@ -338,7 +337,8 @@ def test_mixing_falls_back_when_one_side_is_empty(corpus, caplog):
 
 
 def assert_resumes_exactly(config, before: int, after: int = 3):
-  """A fresh pipeline given the iterator state after `before` batches yields the next `after` batches exactly."""
+  """A fresh pipeline given the iterator state after `before` batches yields the next `after` batches exactly, every
+  key of them (with data.packing='documents' the segment ids and positions too)."""
   it = iter(pipeline.make_train_dataset(config))
   take(it, before)
   state = it.get_state()
@@ -346,6 +346,7 @@ def assert_resumes_exactly(config, before: int, after: int = 3):
   restored = iter(pipeline.make_train_dataset(config))
   restored.set_state(state)
   assert_batches_equal(take(restored, after), expected)
+  assert ('segment_ids' in expected[0]) == (config.data.packing == 'documents')
 
 
 @pytest.mark.parametrize('source', ['builtin', 'files'])
@@ -448,4 +449,4 @@ def test_worker_processes_match_shapes(corpus):
   restored.set_state(state)
   assert_batches_equal(take(restored, 2), expected)
   restored.close()
-  assert batches[0]['inputs'].shape == (4, 64)
+  assert batches[0]['inputs'].shape == batches[0]['segment_ids'].shape == (4, 64)

@@ -92,6 +92,10 @@ def get_config(arg=None):
   d.tfds_eval_split = 'validation'  # 'tfds': split read for held-out evaluation.
   d.tokenizer = 'byte'  # 'byte', a Hugging Face tokenizer.json path, or a SentencePiece .model path.
   d.seq_len = 512  # Tokens per training sequence.
+  # How documents share a packed row: 'documents' (each batch also carries segment_ids, positions and
+  # target_segment_ids, so the model keeps documents apart and the EOS closing one is not asked to predict the next
+  # one's first token) | 'concat' (inputs and targets only: one stream of text across documents).
+  d.packing = 'documents'
   d.long_short_ratio = 1.0  # Long:short document mixing weight (the study: 1:1). 0 = no mixing, source order.
   d.long_doc_min_tokens = 0  # A document is 'long' from this many tokens; 0 = seq_len.
   d.eval_fraction = 0.02  # 'builtin' / 'files' / 'parquet': fraction of documents held out (stable by hash).

@@ -14,9 +14,9 @@ from absl import flags
 import grain
 import numpy as np
 
-from hybrid_jax import cores
+from hybrid_jax import config_keys, cores
 from hybrid_jax.errors import ConfigError
-from hybrid_jax.data import catalog, sources as sources_lib, tokenizers
+from hybrid_jax.data import catalog, sources as sources_lib, tokenizers, validation
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,30 @@ def _inputs_targets(rows: np.ndarray) -> dict:
   return {'inputs': np.ascontiguousarray(rows[:, :-1]), 'targets': np.ascontiguousarray(rows[:, 1:])}
 
 
-def _pack_and_batch(docs: grain.IterDataset, seq_len: int, batch_size: int) -> grain.IterDataset:
-  """Concatenates token streams into rows of seq_len + 1 (documents may span rows), then batches rows."""
+def _with_documents(rows: dict) -> dict:
+  """Inputs and targets plus where each document lies, so the model can keep documents apart and the loss can skip
+  the target across a boundary (the EOS closing one document does not predict the next one's first token).
+
+  segment_ids / target_segment_ids: the document of each input / target token, numbered from 1 inside each row (0
+  would be padding, which full rows never hold); positions: each input token's offset from its document's start in
+  this row. A document cut at a row's end continues at the start of the next row as segment 1 with positions from 0
+  again (grain numbers each row's pieces afresh): a row is all the context the model sees of it.
+  """
+  segments = rows['tokens_segment_ids']
+  return {**_inputs_targets(rows['tokens']),
+          'segment_ids': np.ascontiguousarray(segments[:, :-1]),
+          'positions': np.ascontiguousarray(rows['tokens_positions'][:, :-1]),
+          'target_segment_ids': np.ascontiguousarray(segments[:, 1:])}
+
+
+def _pack_and_batch(docs: grain.IterDataset, seq_len: int, batch_size: int, packing: str) -> grain.IterDataset:
+  """Concatenates token streams into rows of seq_len + 1 (documents may span rows), then batches rows: int32 [B, T]
+  'inputs' and 'targets', and with packing='documents' also the segment ids and positions of `_with_documents`."""
   rows = grain.experimental.ConcatThenSplitIterDataset(docs.map(_as_row), length_struct={'tokens': seq_len + 1})
-  rows = rows.filter(_is_full).map(_row_tokens)
-  return rows.batch(batch_size, drop_remainder=True).map(_inputs_targets)
+  rows = rows.filter(_is_full)
+  if packing == 'concat':
+    return rows.map(_row_tokens).batch(batch_size, drop_remainder=True).map(_inputs_targets)
+  return rows.batch(batch_size, drop_remainder=True).map(_with_documents)
 
 
 def in_worker_processes(dataset: grain.IterDataset, workers: int) -> grain.IterDataset:
@@ -107,6 +126,10 @@ def checked_tokenizer(config):
     raise ConfigError(f'config.model.vocab_size={config.model.vocab_size} is invalid: must be >= the vocabulary of '
                       f'tokenizer {config.data.tokenizer!r} ({tokenizer.vocab_size})')
   return tokenizer
+
+
+def _packing(config) -> str:
+  return config_keys.choice(config, 'data.packing', validation.PACKINGS)
 
 
 def _long_min_tokens(data_cfg) -> int:
@@ -164,7 +187,8 @@ def training_document_indices(config, count: int, *, process_index: int = 0, pro
 
 
 def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
-  """Infinite training batches {'inputs', 'targets'}: int32[train.batch_size // process_count, data.seq_len].
+  """Infinite training batches of int32[train.batch_size // process_count, data.seq_len]: 'inputs', 'targets', and
+  with data.packing='documents' 'segment_ids', 'positions', 'target_segment_ids' (`_with_documents`).
 
   Each process reads documents process_index::process_count; the order is a seeded shuffle, reshuffled each epoch.
   """
@@ -182,7 +206,7 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
                                 f'{process_index} of {process_count}')
   tokens = _in_training_order(docs, config).map(_Tokenize(tokenizer))
   stream = _mixed_stream(tokens, len(docs), d)
-  batches = _pack_and_batch(stream, int(d.seq_len), config.train.batch_size // process_count)
+  batches = _pack_and_batch(stream, int(d.seq_len), config.train.batch_size // process_count, _packing(config))
   if d.worker_count > 0:
     batches = in_worker_processes(batches, int(d.worker_count))
   # Splitting by length filters out most documents of one stream by design; grain would warn about that.
@@ -191,7 +215,8 @@ def make_train_dataset(config, *, process_index: int = 0, process_count: int = 1
 
 
 def make_eval_batches(config, num_batches: int) -> list[dict]:
-  """Up to `num_batches` held-out batches of the global batch size; the same on every call.
+  """Up to `num_batches` held-out batches of the global batch size, with the keys of make_train_dataset's; the same
+  on every call.
 
   Held-out documents are taken in a fixed shuffled order (seeded by config.seed), so a few batches sample many
   documents instead of the first files of the source. Fewer batches when the held-out text runs out (with a
@@ -204,9 +229,9 @@ def make_eval_batches(config, num_batches: int) -> list[dict]:
   source = catalog.make_source(d, 'eval')
   docs = grain.MapDataset.source(source).shuffle(seed=int(config.seed))
   tokens = docs.map(_Tokenize(tokenizer)).filter(_LengthFilter(0, None))
-  seq_len, batch_size = int(d.seq_len), int(config.train.batch_size)
-  batches = list(itertools.islice(_pack_and_batch(tokens.to_iter_dataset(_read_options()), seq_len, batch_size),
-                                  num_batches))
+  seq_len, batch_size, packing = int(d.seq_len), int(config.train.batch_size), _packing(config)
+  batches = list(itertools.islice(
+      _pack_and_batch(tokens.to_iter_dataset(_read_options()), seq_len, batch_size, packing), num_batches))
   if len(batches) < num_batches:
     log.warning('held-out text of %r fills only %d of %d requested eval batches (%d x %d tokens)%s', source,
                 len(batches), num_batches, batch_size, seq_len + 1, '; repeating it to fill one' if not batches else '')
@@ -214,7 +239,7 @@ def make_eval_batches(config, num_batches: int) -> list[dict]:
     if all(tokens[i] is None for i in range(len(tokens))):
       raise sources_lib.DataError(f'{source!r} holds no held-out text')
     repeated = tokens.repeat().to_iter_dataset(_read_options())
-    batches = list(itertools.islice(_pack_and_batch(repeated, seq_len, batch_size), 1))
+    batches = list(itertools.islice(_pack_and_batch(repeated, seq_len, batch_size, packing), 1))
   return batches
 
 

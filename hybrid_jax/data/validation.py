@@ -4,6 +4,7 @@ from hybrid_jax import config_keys as keys
 from hybrid_jax.data import recall
 
 SOURCES = ('builtin', 'files', 'tfds', 'parquet', 'pretokenized', 'recall')
+PACKINGS = ('documents', 'concat')
 
 
 def validate(c) -> None:
@@ -11,6 +12,7 @@ def validate(c) -> None:
   d = c.data
   keys.positive_int(c, 'data.seq_len')
   keys.choice(c, 'data.source', SOURCES)
+  keys.choice(c, 'data.packing', PACKINGS)
   if d.source in ('files', 'parquet') and not d.paths:
     keys.fail('data.paths', d.paths, f"must name files, directories or globs when data.source={d.source!r}")
   if d.source == 'pretokenized' and not d.paths:

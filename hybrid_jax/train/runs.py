@@ -114,6 +114,10 @@ _BEFORE_THE_KEY = {
         'its Lightning layers were trained with ALiBi\'s interleaved decay rates, which differ from 2^(-8(h+1)/H) '
         'when model.lightning.num_heads is not a power of two; it loads as trained, and resuming it needs '
         '--config.model.lightning.decay_rates=alibi_interleaved'),
+    'data.packing': (
+        lambda saved: 'concat',
+        'its batches were packed as one text stream across documents; it loads as trained, and resuming it needs '
+        '--config.data.packing=concat'),
 }
 
 
