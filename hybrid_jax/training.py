@@ -47,7 +47,8 @@ class HeldOutEval(hooks.Hook):
     if self.documents is None:
       return self._packed(step, params, self._batches(config.eval.batches))
     by_document = position.evaluate(self.context.eval_step, params, self.documents, [config.data.seq_len],
-                                    batch_size=config.train.batch_size, place=self._place)
+                                    batch_size=config.train.batch_size, place=self._place,
+                                    packing=config.data.packing)
     return {**by_document.summary(config.eval.position_buckets)[str(config.data.seq_len)],
             **self._packed(step, params, self._batches(config.eval.batches))}
 

@@ -38,11 +38,13 @@ def bucket_edges(lengths: Sequence[int], buckets: int) -> list[int]:
 
 
 def document_nll(eval_step, params, documents: HeldOutDocuments, length: int, *, batch_size: int,
-                 place=None) -> np.ndarray:
+                 place=None, packing: str = 'concat') -> np.ndarray:
   """NLL [documents, length] of each document's first `length` tokens.
 
   A short last batch is filled with copies of its last document (one compiled shape) whose results are dropped;
-  `place` puts a batch on devices (e.g. a sharded layout) before the step.
+  `place` puts a batch on devices (e.g. a sharded layout) before the step. With packing='documents' (a run trained
+  on documents kept apart) the leading EOS is a document of its own, so the document is read from its own start as
+  training read it, and position 0 is the first token predicted from an EOS alone.
   """
   rows = documents.tokens[:, :length + 1]
   out = []
@@ -51,6 +53,9 @@ def document_nll(eval_step, params, documents: HeldOutDocuments, length: int, *,
     real = len(chunk)
     chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, axis=0)])
     batch = {'inputs': np.ascontiguousarray(chunk[:, :-1]), 'targets': np.ascontiguousarray(chunk[:, 1:])}
+    if packing == 'documents':
+      batch['segment_ids'] = np.broadcast_to(np.minimum(np.arange(length, dtype=np.int32), 1) + 1,
+                                             (batch_size, length)).copy()
     out.append(np.asarray(eval_step(params, place(batch) if place else batch), np.float64)[:real])
   return np.concatenate(out)
 
@@ -84,15 +89,16 @@ class DocumentEval:
 
 
 def evaluate(eval_step, params, documents: HeldOutDocuments, lengths: Sequence[int], *, batch_size: int,
-             place=None) -> DocumentEval:
-  """The documents' NLL at each context length (each at most `documents.min_tokens`)."""
+             place=None, packing: str = 'concat') -> DocumentEval:
+  """The documents' NLL at each context length (each at most `documents.min_tokens`); `packing` as the run's
+  data.packing (see `document_nll`)."""
   if len(documents.ids) < 2:
     raise ValueError(f'loss by position needs at least 2 documents for a standard error, got {len(documents.ids)}')
   too_long = [n for n in lengths if n > documents.min_tokens]
   if too_long:
     raise ValueError(f'context length(s) {too_long} exceed the {documents.min_tokens} tokens held per document')
   return DocumentEval(documents, {int(n): document_nll(eval_step, params, documents, int(n), batch_size=batch_size,
-                                                       place=place) for n in lengths})
+                                                       place=place, packing=packing) for n in lengths})
 
 
 def plot(ax, curves: dict[str, dict]) -> None:

@@ -84,7 +84,7 @@ def run_ppl(ctx: Context, subtasks) -> tuple[dict, list[Row]]:
   except sources.DataError as e:
     raise EvalError(f'ppl: {e}') from e
   by_document = position.evaluate(eval_step, ctx.run.params, documents, s.context_lengths,
-                                  batch_size=s.batch_size).summary(int(config.eval.position_buckets))
+                                  batch_size=s.batch_size, packing=config.data.packing).summary(int(config.eval.position_buckets))
   result, rows = {}, []
   for length in s.context_lengths:
     config.data.seq_len = int(length)
