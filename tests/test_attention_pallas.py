@@ -2,7 +2,9 @@
 
 Interpret mode is slow, so shapes are tiny and the fast set is a representative subset: every window (1, 7, 64,
 128 = a block, 200, >= T, full), T (1, 63, 128, 500), GQA map (4:1, 1:1), sinks and dtype appears in it at least
-once. The exhaustive grid is marked slow (`pytest -m slow tests/test_attention_pallas.py`).
+once. The exhaustive grid is marked slow (`pytest -m slow tests/test_attention_pallas.py`). Documents
+(`segment_ids`) are checked on rows that hold every kind of boundary (on a block edge, inside a block, documents
+of one token, the padding past T), and the block ranges are checked against the dense mask.
 """
 
 import itertools
@@ -30,10 +32,23 @@ def rel(x, ref, floor=0.0):
 
 
 def make(seed, t, hq, hkv, d, dtype, segments=False, b=1):
+  """q, k, v, do and segment_ids: None, sorted random ids (segments=True) or the run indices of `segments`, a
+  list of document lengths per row (then B is its length)."""
+  if isinstance(segments, (list, tuple)):
+    b = len(segments)
   rng = np.random.default_rng(seed)
   q, k, v, do = (jnp.asarray(rng.standard_normal((b, t, h, d)), dtype) for h in (hq, hkv, hkv, hq))
-  seg = jnp.asarray(np.sort(rng.integers(0, 3, (b, t))).astype(np.int32)) if segments else None
+  if isinstance(segments, (list, tuple)):
+    seg = jnp.asarray(np.stack([runs(lengths, t) for lengths in segments]))
+  else:
+    seg = jnp.asarray(np.sort(rng.integers(0, 3, (b, t))).astype(np.int32)) if segments else None
   return q, k, v, do, seg
+
+
+def runs(lengths, t):
+  """int32 [T] run indices of documents of these lengths (which must sum to T)."""
+  assert sum(lengths) == t, (sum(lengths), t)
+  return np.repeat(np.arange(len(lengths)), lengths).astype(np.int32)
 
 
 # Interpret-mode programs are compile-bound on CPU; these halve the compile time and hardly slow the run.
@@ -73,6 +88,10 @@ def gpu(q, k, v, **kw):
 
 def tpu(q, k, v, **kw):
   return attention(q, k, v, implementation='pallas_tpu', **kw)
+
+
+def gpu_interpret(q, k, v, **kw):
+  return pallas_gpu.attention(q, k, v, interpret=True, **kw)
 
 
 # (T, window, Hq, Hkv, D, sinks, dtype, blocks)
@@ -128,35 +147,70 @@ def test_tpu_kernel(case):
   check(tpu, t, window, hq, hkv, d, sinks, dtype, segments)
 
 
-def _visible_blocks(t, window, sinks, bq, bk):
+def _visible_blocks(t, window, sinks, bq, bk, seg=None):
   """[nq, nk] 0: no visible pair, 1: some, 2: all pairs visible (from the dense reference mask)."""
-  vis = np.asarray(reference.visible(t, window=window, sinks=sinks))[0]
+  seg = None if seg is None else jnp.asarray(seg)[None]
+  vis = np.asarray(reference.visible(t, window=window, sinks=sinks, segment_ids=seg))[0]
   tiles = vis.reshape(t // bq, bq, t // bk, bk)
   return np.where(tiles.all(axis=(1, 3)), 2, tiles.any(axis=(1, 3)).astype(int))
 
 
-@pytest.mark.parametrize('window,sinks', [(1, 0), (7, 0), (64, 0), (100, 0), (None, 0), (16, 40), (1, 3)])
-def test_gpu_block_ranges_visit_exactly_the_visible_blocks(window, sinks):
-  """The loop bounds visit every block with a visible pair and no other (cost O(T*w)); unmasked = all visible."""
-  t, bq, bk = 512, 64, 32
-  cfg = pallas_gpu._Cfg(1.0, window, sinks, 1, config.GpuBlocks(bq, bk, bq, bk), True)
-  want = _visible_blocks(t, window, sinks, bq, bk)
-  got = np.zeros_like(want)
+def _visited_blocks(t, window, sinks, bq, bk, seg=None):
+  """[nq, nk] block maps the forward/dQ loop bounds (`_kv_ranges`) and the dK/dV ones (`_q_ranges`) visit:
+  0 not visited, 1 masked, 2 full (unmasked); a block visited twice fails."""
+  cfg = pallas_gpu._Cfg(1.0, window, sinks, 1, config.GpuBlocks(bq, bk, bq, bk), True, seg is not None)
+  first = last = None
+  if seg is not None:
+    first, last = (np.asarray(x)[0] for x in pallas_gpu._documents(jnp.asarray(seg)[None], t))
+  by_q = np.zeros((t // bq, t // bk), int)
   for i in range(t // bq):
-    sink_hi, lo, full_lo, full_hi, hi = (None if x is None else int(x) for x in pallas_gpu._kv_ranges(
-        i * bq, bq, bk, t // bk, cfg))
-    spans = [(0, sink_hi or 0, 1), (lo, full_lo, 1), (full_lo, full_hi, 2), (full_hi, hi, 1)]
-    for start, end, kind in spans:
-      assert not got[i, start:end].any(), 'block visited twice'
-      got[i, start:end] = kind
-  assert np.all((got > 0) == (want > 0))
-  assert np.all(want[got == 2] == 2)
-  got = np.zeros_like(want)
+    rows = None if first is None else first[i * bq:(i + 1) * bq]
+    for start, end, masked in pallas_gpu._kv_ranges(i * bq, bq, bk, t // bk, cfg, rows):
+      start, end = int(start), int(end)
+      assert not by_q[i, start:end].any(), 'block visited twice'
+      by_q[i, start:end] = 1 if masked else 2
+  by_k = np.zeros_like(by_q)
   for j in range(t // bk):
-    lo, full_lo, full_hi, hi = (int(x) for x in pallas_gpu._q_ranges(j * bk, bq, bk, t // bq, cfg))
-    got[lo:full_lo, j], got[full_lo:full_hi, j], got[full_hi:hi, j] = 1, 2, 1
-  assert np.all((got > 0) == (want > 0))
-  assert np.all(want[got == 2] == 2)
+    keys = None if last is None else last[j * bk:(j + 1) * bk]
+    for start, end, masked in pallas_gpu._q_ranges(j * bk, bq, bk, t // bq, cfg, keys):
+      start, end = int(start), int(end)
+      assert not by_k[start:end, j].any(), 'block visited twice'
+      by_k[start:end, j] = 1 if masked else 2
+  return by_q, by_k
+
+
+# Run indices of a 512-token row: one-token documents, boundaries on 32- and 64-row block edges and inside blocks,
+# a document that starts on a 32-block's last key (159) and one that covers one (127) and ends on a 64-block's
+# first row (128).
+MIXED_DOCS = runs([1, 63, 1, 1, 30, 33, 30, 101, 3, 121, 128], 512)
+
+
+@pytest.mark.parametrize('docs', (False, True), ids=('rows', 'documents'))
+@pytest.mark.parametrize('window,sinks', [(1, 0), (7, 0), (64, 0), (100, 0), (None, 0), (16, 40), (1, 3)])
+def test_gpu_block_ranges_visit_exactly_the_visible_blocks(window, sinks, docs):
+  """The loop bounds visit every block with a visible pair and no other (cost O(T*w), and with documents no block
+  outside them); unmasked = all visible."""
+  t, bq, bk = 512, 64, 32
+  seg = MIXED_DOCS if docs else None
+  want = _visible_blocks(t, window, sinks, bq, bk, seg)
+  for got in _visited_blocks(t, window, sinks, bq, bk, seg):
+    assert np.all((got > 0) == (want > 0))
+    assert np.all(want[got == 2] == 2)
+
+
+@pytest.mark.parametrize('bq,bk', [(128, 64), (32, 128), (128, 32), (64, 64)])  # the table's forward, dK/dV, dQ
+@pytest.mark.parametrize('window', [None, 128])
+def test_gpu_short_documents_visit_fewer_blocks(bq, bk, window):
+  """16 documents of 64 tokens at T = 1024: the forward/dQ and dK/dV loops visit only the blocks the documents
+  reach (what the dense mask says), 4.5-8.5x fewer than the same row without documents (1.9-2.8x with a window
+  of 128)."""
+  t = 1024
+  seg = runs([64] * 16, t)
+  want = _visible_blocks(t, window, 0, bq, bk, seg)
+  for docs, rows in zip(_visited_blocks(t, window, 0, bq, bk, seg), _visited_blocks(t, window, 0, bq, bk)):
+    assert np.all((docs > 0) == (want > 0))
+    visited, unmasked = np.count_nonzero(docs), np.count_nonzero(rows)
+    assert visited * (4 if window is None else 1.5) <= unmasked, (visited, unmasked)
 
 
 def test_window_at_least_t_equals_full_causal_batched_and_vmapped():
@@ -168,10 +222,52 @@ def test_window_at_least_t_equals_full_causal_batched_and_vmapped():
     assert rel(forward(per_example, q, k, v), full) <= 1e-5
 
 
-def test_gpu_segment_ids_raise():
-  q, k, v, _, seg = make(1, 16, 2, 1, 16, jnp.float32, segments=True)
-  with pytest.raises(ValueError, match='segment_ids'):
-    gpu(q, k, v, segment_ids=seg)
+# Document layouts (lengths per row). T = 100 with SMALL blocks (32/16 forward, 16/32 backward; padded to 128):
+# row 0 has boundaries on block edges (32, 64), two one-token documents (32, 33) and one inside a block (81); row 1
+# only inside blocks (5, 49, 50), a one-token document and one that ends on the first row of a q block (48) after
+# covering a kv block's last key (31). T = 300 with the table blocks (128/64 forward, 32/128 dK/dV, 128/32 dQ;
+# padded to 384): boundaries on the 128 edge and inside blocks, one-token documents (63: on a kv block's last key),
+# a document that starts on a kv block's last key (191) and holds a q block's first row (256).
+DOCS_100 = ([32, 1, 1, 30, 17, 19], [5, 44, 1, 50])
+DOCS_300 = ([128, 1, 100, 71], [1, 62, 1, 1, 126, 109])
+
+# (T, window, Hq, Hkv, sinks, dtype, blocks, documents); D = 16.
+GPU_DOCS = [
+    (100, None, 4, 1, 0, jnp.float32, SMALL, DOCS_100),  # full causal, GQA
+    (100, 8, 2, 2, 0, jnp.float32, SMALL, DOCS_100),  # window smaller than most documents
+    (100, 48, 4, 2, 3, jnp.float32, SMALL, DOCS_100),  # window larger than most documents, sinks
+    (300, 100, 4, 1, 0, jnp.float32, None, DOCS_300),  # the table blocks: documents cross 128-row blocks
+    (100, 20, 4, 1, 0, jnp.bfloat16, SMALL, DOCS_100),
+    (300, None, 2, 1, 0, jnp.bfloat16, None, DOCS_300),
+]
+
+
+@pytest.mark.parametrize('case', GPU_DOCS, ids=lambda c: 'T{}-w{}-H{}:{}-s{}-{}-{}'.format(
+    *c[:5], jnp.dtype(c[5]).name, 'small' if c[6] == SMALL else 'table'))
+def test_gpu_documents(case):
+  """Output and dq, dk, dv with segment_ids (run indices, as `attention` passes them) against the reference."""
+  t, window, hq, hkv, sinks, dtype, blocks, docs = case
+  check(gpu_interpret, t, window, hq, hkv, 16, sinks, dtype, docs, blocks=blocks)
+
+
+def test_gpu_one_document_equals_no_documents():
+  """A row that is one document computes what no segment_ids computes (the padding past T is its own document)."""
+  q, k, v, do, seg = make(3, 100, 4, 1, 16, jnp.float32, ([100], [100]))
+  for window, sinks in ((None, 0), (8, 2)):
+    kw = dict(window=window, sinks=sinks, blocks=SMALL)
+    o, grads = value_and_grads(gpu_interpret, q, k, v, do, segment_ids=seg, **kw)
+    o0, grads0 = value_and_grads(gpu_interpret, q, k, v, do, **kw)
+    for x, x0 in zip((o, *grads), (o0, *grads0)):
+      np.testing.assert_allclose(np.asarray(x), np.asarray(x0), rtol=1e-6, atol=1e-7)  # fp rounding only
+
+
+def test_gpu_documents_batched_and_vmapped():
+  q, k, v, _, seg = make(6, 100, 2, 1, 16, jnp.float32, DOCS_100)
+  want = reference.attention(q, k, v, window=20, segment_ids=seg)
+  kw = dict(window=20, blocks=SMALL)
+  assert rel(forward(gpu_interpret, q, k, v, segment_ids=seg, **kw), want) <= 1e-5
+  per_example = jax.vmap(lambda q, k, v, s: gpu_interpret(q[None], k[None], v[None], segment_ids=s[None], **kw)[0])
+  assert rel(forward(per_example, q, k, v, seg), want) <= 1e-5
 
 
 def test_dispatch(monkeypatch):
@@ -193,7 +289,8 @@ def test_dispatch(monkeypatch):
     warnings.simplefilter('ignore')
     assert auto(q, window=8) == 'pallas_gpu'  # cuDNN has no fp32
     assert auto(bf, window=8, sinks=2) == 'pallas_gpu'  # nor sinks
-    assert auto(bf, window=8, segment_ids=seg) == 'xla'
+    assert auto(bf, window=8, segment_ids=seg) == 'pallas_gpu'  # cuDNN has no documents
+    assert auto(bf[..., :12], window=8, segment_ids=seg) == 'xla'
     assert auto(bf[..., :12], window=8) == 'xla'  # 12 is no power of two for the Pallas kernel
   assert auto(bf, window=None, sinks=2) == dict(api._GPU_BY_WINDOW)[None]  # full causal: sinks moot
 

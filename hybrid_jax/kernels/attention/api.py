@@ -58,7 +58,7 @@ def _supports(name, q, window, sinks, segment_ids):
     return (q.dtype in (jnp.bfloat16, jnp.float16) and d % 8 == 0 and d <= 128 and segment_ids is None
             and not (sinks and window is not None and window < q.shape[1]))
   if name == 'pallas_gpu':
-    return segment_ids is None and d >= 16 and not d & (d - 1)
+    return d >= 16 and not d & (d - 1)
   return name == 'xla'
 
 

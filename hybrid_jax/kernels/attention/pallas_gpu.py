@@ -1,4 +1,4 @@
-"""Flash attention for GPUs as Triton-style Pallas kernels: causal, sliding window, sinks, GQA.
+"""Flash attention for GPUs as Triton-style Pallas kernels: causal, sliding window, sinks, GQA, documents.
 
 Three kernels: the forward (also saves each row's log-sum-exp), dK/dV (one program per kv block and query head)
 and dQ (one program per q block), after FlashAttention-2: a preprocessing pass computes rowsum(dO o O) once, the
@@ -9,6 +9,16 @@ loops only over the blocks its window reaches, so a window w costs O(T*w); insid
 blocks build an element mask. Logits are kept in base 2 (exp2 is the native GPU instruction). GQA: k/v blocks are
 read through index maps; each query head writes its own dK/dV, summed over the group afterwards. On CPU the same
 kernels run in Pallas interpret mode (that is how tests check them).
+
+Documents (`segment_ids`): a document is a run of equal ids (`segments.runs`; the padding past T is one more), so
+the wrapper computes in XLA each token's document bounds, `first` and `last` (int32 [B, Tp]: its document's first
+and last token). Under the causal mask, key j is in query i's document iff first[i] <= j (for j <= i), iff
+i <= last[j] (for i >= j). So the forward and dQ programs read only their rows' `first` and the dK/dV program only
+its keys' `last`, each as one small tile loaded with the block (no load inside the loops): a query block
+[a, a + Bq) starts its kv loop at the block of first[a] (no key before it is visible), a kv block [c, c + Bk) ends
+its q loop at the block of last[c + Bk - 1], so a row of short documents visits fewer blocks. A block stays
+unmasked only if it was before and the query block lies inside one document (with the causal rule that puts the
+keys there too); the masked blocks inside the bounds add the comparison above to their element mask.
 """
 
 import functools
@@ -23,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_jax.kernels import platform
+from hybrid_jax.kernels import segments
 from hybrid_jax.kernels.attention import config
 
 _LOG2E = math.log2(math.e)
@@ -38,6 +49,7 @@ class _Cfg(NamedTuple):
   group: int  # Query heads per kv head.
   blocks: config.GpuBlocks
   interpret: bool
+  segments: bool = False  # Documents: each kernel takes one [B, Tp] tile input (`first` or `last`) after the others.
 
 
 def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, blocks=None, interpret=None):
@@ -45,9 +57,9 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
 
   blocks: a `config.GpuBlocks` overriding the table; interpret: default True off GPU.
   """
-  if segment_ids is not None:
-    raise ValueError("implementation='pallas_gpu' does not support segment_ids; use 'xla'")
   b, t, hq, d = q.shape
+  if segment_ids is not None:
+    segments.check(segment_ids, b, t)
   if interpret is None:
     interpret = platform.target() != 'gpu'
   if not interpret and (d < 16 or d & (d - 1)):
@@ -56,11 +68,27 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
     window, sinks = None, 0  # Every earlier key is in the window already.
   blocks = config.gpu_blocks(d, t, blocks, itemsize=jnp.dtype(q.dtype).itemsize)
   cfg = _Cfg(float(d**-0.5 if scale is None else scale), window, min(sinks, t), hq // k.shape[2], blocks,
-             bool(interpret))
+             bool(interpret), segment_ids is not None)
   tp = -(-t // max(config.block_sizes(blocks))) * max(config.block_sizes(blocks))
-  # Zero padding keeps pad rows finite; real queries never see pad keys (they lie in the future).
+  # Zero padding keeps pad rows finite; real queries never see pad keys (they lie in the future, and with
+  # documents in a document of their own).
   pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - t), (0, 0), (0, 0)])
-  return _flash(cfg, pad(q), pad(k), pad(v))[:, :t]
+  docs = None if segment_ids is None else _documents(segment_ids, tp)
+  return _flash(cfg, pad(q), pad(k), pad(v), docs)[:, :t]
+
+
+def _documents(segment_ids, tp):
+  """(first, last): int32 [B, Tp], the first and last token of each token's document; a document is a run of equal
+  ids (any ids: the run index `attention` passes, or raw ids from a direct call), the padding past T one more."""
+  seg = jnp.asarray(segment_ids)
+  b, t = seg.shape
+  index = jnp.broadcast_to(jnp.arange(tp, dtype=jnp.int32), (b, tp))
+  pad_start = jnp.broadcast_to(jnp.arange(tp - t) == 0, (b, tp - t))
+  new = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1], pad_start], axis=1)  # Starts.
+  first = lax.cummax(jnp.where(new, index, 0), axis=1)
+  ends = jnp.concatenate([new[:, 1:], jnp.ones((b, 1), bool)], axis=1)
+  last = lax.cummin(jnp.where(ends, index, tp - 1), axis=1, reverse=True)
+  return first, last
 
 
 def _dot(a, b, *, ta=False, tb=False):
@@ -91,11 +119,14 @@ def _clip(x, lo, hi):
   return jnp.minimum(jnp.maximum(x, lo), hi)
 
 
-def _kv_ranges(a, bq, bk, nk, cfg):
-  """KV block ranges for the q block starting at row a: (sink blocks, masked low, full, masked high).
+def _kv_ranges(a, bq, bk, nk, cfg, first=None):
+  """KV block ranges (start, end, masked), ends exclusive, for the q block starting at row a.
 
-  Window blocks [lo, hi) intersect [a - w + 1, a + bq - 1]; [full_lo, full_hi) are visible to every row of the
-  block; sink blocks are those holding a sink key left of lo. All ends are exclusive.
+  Window blocks [lo, hi) intersect [a - w + 1, a + Bq - 1]; [full_lo, full_hi) are visible to every row of the
+  block; sink blocks are those holding a sink key left of lo. With documents, `first` is the [Bq] vector of the
+  rows' documents' first tokens (never decreasing): no block before the one holding first[a] is visited (later
+  rows' documents start no earlier), sink blocks only if that document holds sinks, and a block stays full only if
+  the q block is one document and the kv block starts at or after first[a] (full blocks end at or before a).
   """
   hi = jnp.minimum(_div(a + bq - 1, bk) + 1, nk)
   if cfg.window is None:
@@ -104,13 +135,27 @@ def _kv_ranges(a, bq, bk, nk, cfg):
     lo = _div(a - cfg.window + 1, bk)
     full_lo = _clip(_div(a + bq - cfg.window + bk - 1, bk), lo, hi)
   full_hi = _clip(_div(a + 1, bk), full_lo, hi)
-  sink_hi = jnp.minimum(-(-cfg.sinks // bk), lo) if cfg.sinks else None
-  return sink_hi, lo, full_lo, full_hi, hi
+  sink_lo, sink_hi = jnp.int32(0), (jnp.minimum(-(-cfg.sinks // bk), lo) if cfg.sinks else None)
+  if first is not None:
+    start = jnp.min(first)  # first[a]: the ids never decrease.
+    one_doc = jnp.max(first) == start
+    start_block = _div(start, bk)
+    if cfg.sinks:
+      sink_lo = start_block
+      sink_hi = jnp.where(start < cfg.sinks, jnp.maximum(sink_hi, start_block), start_block)
+    lo = jnp.maximum(lo, start_block)
+    full_lo = _clip(jnp.maximum(full_lo, _div(start + bk - 1, bk)), lo, hi)
+    full_hi = _clip(jnp.where(one_doc, full_hi, full_lo), full_lo, hi)
+  ranges = [(lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True)]
+  return ([(sink_lo, sink_hi, True)] if sink_hi is not None else []) + ranges
 
 
-def _q_ranges(c, bq, bk, nq, cfg):
-  """Q block ranges that see the kv block starting at key c: [lo, full_lo) masked, [full_lo, full_hi) full,
-  [full_hi, hi) masked."""
+def _q_ranges(c, bq, bk, nq, cfg, last=None):
+  """Q block ranges (start, end, masked) that see the kv block starting at key c: [lo, full_lo) masked,
+  [full_lo, full_hi) full, [full_hi, hi) masked. With documents, `last` is the [Bk] vector of the keys' documents'
+  last tokens (never decreasing): no row after the last one a key of the block can reach in its document is visited
+  (last[c + Bk - 1], or a sink key's document's last), and a block stays full only if it ends by last[c] (full rows
+  start at or after c + Bk - 1, so this is empty when a document ends inside the kv block)."""
   lo = _div(c, bq)
   if cfg.window is None:
     hi = full_hi = jnp.int32(nq)
@@ -120,9 +165,19 @@ def _q_ranges(c, bq, bk, nq, cfg):
     if cfg.sinks:
       hi = jnp.where(c < cfg.sinks, nq, hi)
       full_hi = jnp.where(c + bk <= cfg.sinks, nq, full_hi)
+  if last is not None:
+    reach = jnp.max(last)  # The last row any key of the block can see.
+    if cfg.window is not None:
+      reach = jnp.minimum(reach, c + bk + cfg.window - 2)
+      if cfg.sinks:
+        keys = c + lax.broadcasted_iota(jnp.int32, (bk,), 0)
+        reach = jnp.maximum(reach, jnp.max(jnp.where(keys < cfg.sinks, last, 0)))
+    hi = jnp.minimum(hi, _div(reach, bq) + 1)
   full_lo = _clip(_div(c + bk + bq - 2, bq), lo, hi)
   full_hi = _clip(full_hi, full_lo, hi)
-  return lo, full_lo, full_hi, hi
+  if last is not None:
+    full_hi = _clip(jnp.minimum(full_hi, _div(jnp.min(last) + 1, bq)), full_lo, hi)
+  return [(lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True)]
 
 
 def _loop(ranges, step, carry):
@@ -132,28 +187,31 @@ def _loop(ranges, step, carry):
   return carry
 
 
-def _kv_loop(a, bq, bk, nk, cfg, step, carry):
-  sink_hi, lo, full_lo, full_hi, hi = _kv_ranges(a, bq, bk, nk, cfg)
-  ranges = [(lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True)]
-  if sink_hi is not None:
-    ranges.insert(0, (jnp.int32(0), sink_hi, True))
-  return _loop(ranges, step, carry)
-
-
-def _logits(q, k, rows, start_k, masked, cfg):
-  """Base-2 logits of a (q rows, k block) tile, masked to _MASKED where invisible."""
+def _logits(q, k, rows, start_k, masked, cfg, same_doc=None):
+  """Base-2 logits of a (q rows, k block) tile, masked to _MASKED where invisible; same_doc(rows, cols) (with
+  documents) gives the pairs of one document among the causal ones."""
   s = _dot(q, k, tb=True) * (cfg.scale * _LOG2E)
   if masked:
     cols = start_k + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    s = jnp.where(_visible(rows, cols, cfg), s, _MASKED)
+    visible = _visible(rows, cols, cfg)
+    if same_doc is not None:
+      visible = visible & same_doc(rows, cols)
+    s = jnp.where(visible, s, _MASKED)
   return s
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg):
+def _split(refs, cfg):
+  """(the documents' tile or None, the output refs): with documents each kernel takes one tile after its inputs."""
+  return (refs[0][...], refs[1:]) if cfg.segments else (None, refs)
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, *refs, cfg):
+  first, (o_ref, lse_ref) = _split(refs, cfg)
   bq, bk = cfg.blocks.fwd_q, cfg.blocks.fwd_k
   a = pl.program_id(2) * bq
   q = q_ref[...]
   rows = a + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  same_doc = None if first is None else lambda rows, cols: cols >= first[:, None]
 
   def step(masked):
     def body(j, carry):
@@ -161,7 +219,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg):
       start = pl.multiple_of(j * bk, bk)
       k = k_ref[pl.ds(start, bk), :]
       v = v_ref[pl.ds(start, bk), :]
-      s = _logits(q, k, rows, start, masked, cfg)
+      s = _logits(q, k, rows, start, masked, cfg, same_doc)
       m_new = jnp.maximum(m, jnp.max(s, axis=1))
       corr = jnp.exp2(m - m_new)
       p = jnp.exp2(s - m_new[:, None])
@@ -169,37 +227,41 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg):
     return body
 
   init = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq,), _MASKED, jnp.float32), jnp.zeros((bq,), jnp.float32))
-  acc, m, l = _kv_loop(a, bq, bk, k_ref.shape[0] // bk, cfg, step, init)
+  acc, m, l = _loop(_kv_ranges(a, bq, bk, k_ref.shape[0] // bk, cfg, first), step, init)
   # Every row sees its own key, so l >= 1 once the diagonal block is in.
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log2(l)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
+  first, (dq_ref,) = _split(refs, cfg)
   bq, bk = cfg.blocks.dq_q, cfg.blocks.dq_k
   a = pl.program_id(2) * bq
   q, do = q_ref[...], do_ref[...]
   lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
   rows = a + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  same_doc = None if first is None else lambda rows, cols: cols >= first[:, None]
 
   def step(masked):
     def body(j, dq):
       start = pl.multiple_of(j * bk, bk)
       k = k_ref[pl.ds(start, bk), :]
       v = v_ref[pl.ds(start, bk), :]
-      p = jnp.exp2(_logits(q, k, rows, start, masked, cfg) - lse)
+      p = jnp.exp2(_logits(q, k, rows, start, masked, cfg, same_doc) - lse)
       ds = p * (_dot(do, v, tb=True) - delta)
       return dq + _dot(ds.astype(k.dtype), k)
     return body
 
-  dq = _kv_loop(a, bq, bk, k_ref.shape[0] // bk, cfg, step, jnp.zeros(q.shape, jnp.float32))
+  dq = _loop(_kv_ranges(a, bq, bk, k_ref.shape[0] // bk, cfg, first), step, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, cfg):
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
+  last, (dk_ref, dv_ref) = _split(refs, cfg)
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
   c = pl.program_id(2) * bk
   k, v = k_ref[...], v_ref[...]
+  same_doc = None if last is None else lambda rows, cols: rows <= last[None, :]
 
   def step(masked):
     def body(i, carry):
@@ -210,15 +272,14 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
       lse = lse_ref[pl.ds(start, bq)][:, None]
       delta = delta_ref[pl.ds(start, bq)][:, None]
       rows = start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-      p = jnp.exp2(_logits(q, k, rows, c, masked, cfg) - lse)
+      p = jnp.exp2(_logits(q, k, rows, c, masked, cfg, same_doc) - lse)
       dv = dv + _dot(p.astype(do.dtype), do, ta=True)
       ds = p * (_dot(do, v, tb=True) - delta)
       return dk + _dot(ds.astype(q.dtype), q, ta=True), dv
     return body
 
-  lo, full_lo, full_hi, hi = _q_ranges(c, bq, bk, q_ref.shape[0] // bq, cfg)
   zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = _loop([(lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True)], step, (zeros, zeros))
+  dk, dv = _loop(_q_ranges(c, bq, bk, q_ref.shape[0] // bq, cfg, last), step, (zeros, zeros))
   dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -242,46 +303,58 @@ def _specs(b_shape, cfg):
   return tile, whole, kv_tile, kv_whole, row_tile, row_whole
 
 
-def _forward(cfg, q, k, v):
+def _doc_tile(docs, which, n):
+  """([its BlockSpec], (array,)): the [B, Tp] `first` (which=0) or `last` (1) tile of a grid's block of n tokens;
+  nothing without documents."""
+  if docs is None:
+    return [], ()
+  return [pl.BlockSpec((None, n), lambda bi, h, i: (bi, i))], (docs[which],)
+
+
+def _forward(cfg, q, k, v, docs):
   b, tp, hq, d = q.shape
   bq = cfg.blocks.fwd_q
   tile, _, _, kv_whole, row_tile, _ = _specs(q.shape, cfg)
-  return _call(_fwd_kernel, cfg, (b, hq, tp // bq), [tile(bq), kv_whole, kv_whole], [tile(bq), row_tile(bq)],
+  doc_specs, doc_args = _doc_tile(docs, 0, bq)
+  return _call(_fwd_kernel, cfg, (b, hq, tp // bq), [tile(bq), kv_whole, kv_whole] + doc_specs,
+               [tile(bq), row_tile(bq)],
                [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, hq, tp), jnp.float32)],
-               cfg.blocks.fwd_warps, cfg.blocks.fwd_stages)(q, k, v)
+               cfg.blocks.fwd_warps, cfg.blocks.fwd_stages)(q, k, v, *doc_args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg, q, k, v):
-  return _forward(cfg, q, k, v)[0]
+def _flash(cfg, q, k, v, docs):
+  return _forward(cfg, q, k, v, docs)[0]
 
 
-def _flash_fwd(cfg, q, k, v):
-  o, lse = _forward(cfg, q, k, v)
-  return o, (q, k, v, o, lse)
+def _flash_fwd(cfg, q, k, v, docs):
+  o, lse = _forward(cfg, q, k, v, docs)
+  return o, (q, k, v, docs, o, lse)
 
 
 def _flash_bwd(cfg, res, do):
-  q, k, v, o, lse = res
+  q, k, v, docs, o, lse = res
   b, tp, hq, d = q.shape
   bk, dq_q = cfg.blocks.bwd_k, cfg.blocks.dq_q
   # Preprocessing: delta_i = rowsum(dO o O), once, shared by both kernels (memory-bound; XLA fuses it).
   delta = jnp.einsum('bthd,bthd->bht', do.astype(jnp.float32), o.astype(jnp.float32))
   tile, whole, kv_tile, kv_whole, row_tile, row_whole = _specs(q.shape, cfg)
   warps, stages = cfg.blocks.bwd_warps, cfg.blocks.bwd_stages
+  doc_specs, doc_args = _doc_tile(docs, 0, dq_q)
   dq = _call(_dq_kernel, cfg, (b, hq, tp // dq_q), [tile(dq_q), kv_whole, kv_whole, tile(dq_q), row_tile(dq_q),
-                                                      row_tile(dq_q)],
-             tile(dq_q), jax.ShapeDtypeStruct(q.shape, q.dtype), warps, stages)(q, k, v, do, lse, delta)
+                                                      row_tile(dq_q)] + doc_specs,
+             tile(dq_q), jax.ShapeDtypeStruct(q.shape, q.dtype), warps, stages)(q, k, v, do, lse, delta, *doc_args)
+  doc_specs, doc_args = _doc_tile(docs, 1, bk)
   # One dK/dV per query head; with GQA they are summed over the group in fp32.
   part = jnp.float32 if cfg.group > 1 else k.dtype
   dk, dv = _call(_dkv_kernel, cfg, (b, hq, tp // bk), [whole, kv_tile(bk), kv_tile(bk), whole, row_whole,
-                                                      row_whole],
+                                                      row_whole] + doc_specs,
                  [tile(bk), tile(bk)], [jax.ShapeDtypeStruct(q.shape, part)] * 2, warps, stages)(
-                     q, k, v, do, lse, delta)
+                     q, k, v, do, lse, delta, *doc_args)
   if cfg.group > 1:
     fold = lambda x: x.reshape(b, tp, k.shape[2], cfg.group, d).sum(3).astype(k.dtype)
     dk, dv = fold(dk), fold(dv)
-  return dq, dk, dv
+  return dq, dk, dv, None  # The documents are integers: no cotangent.
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
