@@ -77,7 +77,9 @@ def test_ppl_by_position_on_the_same_documents_and_packed_loss_beside_it(tiny_ru
   texts = [held_out[i].encode() for i in ids]
   assert all(len(t) >= 64 for t in texts) and any(len(held_out[i]) == 48 for i in range(len(held_out)))
   rows = np.stack([np.concatenate([[256], np.frombuffer(t, np.uint8)[:64]]) for t in texts]).astype(np.int32)
-  nll = _log_softmax_nll(run.model(rows[:, :-1]), rows[:, 1:])  # Each document from its start, after EOS.
+  assert run.config.data.packing == 'documents'  # Each document from its start; the EOS before it is one alone.
+  alone = np.minimum(np.arange(64), 1)[None].repeat(5, 0) + 1
+  nll = _log_softmax_nll(run.model(rows[:, :-1], segment_ids=alone), rows[:, 1:])
   for length, got in ((32, short), (64, long)):
     assert got['documents'] == 5 and got['tokens'] == 5 * length
     np.testing.assert_allclose(got['loss'], nll[:, :length].mean(), rtol=1e-5)
@@ -89,10 +91,13 @@ def test_ppl_by_position_on_the_same_documents_and_packed_loss_beside_it(tiny_ru
   for length in (32, 64):  # The packed loss, labelled so, over packed rows as training sees them.
     config = run.config.copy_and_resolve_references()
     config.data.seq_len, config.train.batch_size = length, 2
-    packed = [_log_softmax_nll(run.model(b['inputs']), b['targets']) for b in pipeline.make_eval_batches(config, 2)]
+    batches = pipeline.make_eval_batches(config, 2)  # Documents apart; a target counts inside its document.
+    counted = [(b['segment_ids'] == b['target_segment_ids']) & (b['segment_ids'] > 0) for b in batches]
+    packed = [_log_softmax_nll(run.model(b['inputs'], segment_ids=b['segment_ids']), b['targets'])[w]
+              for b, w in zip(batches, counted)]
     got = result['by_context'][str(length)]
-    assert got['packed_tokens'] == 2 * 2 * length
-    np.testing.assert_allclose(got['packed_loss'], np.mean(packed), rtol=1e-4)
+    assert got['packed_tokens'] == sum(int(w.sum()) for w in counted) < 2 * 2 * length
+    np.testing.assert_allclose(got['packed_loss'], np.mean(np.concatenate(packed)), rtol=1e-4)
   printed = capsys.readouterr().out
   assert 'perplexity' in printed and 'packed_loss' in printed
 

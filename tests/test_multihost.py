@@ -199,7 +199,7 @@ def _reference_losses(steps, processes):
   out = {}
   for step in range(1, steps + 1):
     parts = [next(it) for it in iters]
-    state, m = train_step(state, {k: np.concatenate([p[k] for p in parts]) for k in ('inputs', 'targets')})
+    state, m = train_step(state, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
     out[step] = float(m['loss'])
   return out
 
