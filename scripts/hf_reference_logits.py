@@ -9,7 +9,7 @@ Needs Python 3.11 with torch and transformers >= 5.15 (GraniteSWA); the test sui
 `--build` first writes the transformers-side fixtures (tiny random models saved by `save_pretrained`: a tied Llama
 with GQA, a GraniteSWA with an irregular per-layer SWA/full and NoPE pattern and -inf sinks, an untied SmolLM3, a
 GraniteSWA with every scaling away from its plain value, a full-attention GraniteSWA with MiniCPM's scalings, a
-GraniteSWA with learned (finite) attention sinks), then five dense recurrent hybrids, each with a `decode_logits`
+GraniteSWA with learned (finite) attention sinks), then six dense recurrent hybrids, each with a `decode_logits`
 reference (below):
   hf_qwen3_5 (qwen3_5_text): 3 Gated DeltaNet layers then 1 full-attention layer; GDN with 4 value heads over 2 key
     heads, key dim 8 != value dim 6, conv 4; attention with its sigmoid output gate (interleaved per head in q_proj),
@@ -18,6 +18,9 @@ reference (below):
   hf_olmo_hybrid (olmo_hybrid): GDN, GDN, attention, GDN; separate q/k/v/a/b/g projections, per-q/k/v conv weights
     (rewritten to the released split, see split_olmo_hybrid_conv), beta in [0, 2] (allow_neg_eigval), key dim 4 !=
     value dim 8; post-norm attention layers (no input norm) with q/k RMSNorm over the whole projection, RoPE; untied.
+  hf_olmo_hybrid_saved (olmo_hybrid): kept as save_pretrained wrote it (AS_SAVED: its q/k/v_conv1d hold the fused
+    8 + 8 + 16-channel conv cut into 11 / 11 / 10, as transformers itself writes every OLMo hybrid); GDN, NoPE
+    attention, GDN; 4 value heads over 2 key heads of width 4, beta in [0, 1]; untied.
   hf_nemotron_h (nemotron_h): "M-M*M-": Mamba-2 (4 heads of 4, 2 groups, state 8, conv bias), squared-ReLU MLP
     blocks, one attention block without RoPE; one norm per block; untied.
   hf_bamba (bamba): Mamba-2 (expand 2, 2 groups, conv bias) with attention only at layer 2 (attn_layer_indices [2]),
@@ -122,6 +125,16 @@ BUILT = {
         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=8,
         linear_conv_kernel_dim=4, linear_allow_neg_eigval=True,
         rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+    # OLMo hybrid kept as save_pretrained wrote it (not rewritten to the released split): its fused q | k | v conv
+    # (8 + 8 + 16 channels) stored as q/k/v_conv1d of 11 / 11 / 10, a cut at none of the q / k / v widths. GDN,
+    # attention, GDN; GDN heads 2 key heads of 4 under 4 value heads of 4 (value width twice the key width, as in the
+    # released models); beta in (0, 1) (no allow_neg_eigval); NoPE attention (rope_theta null).
+    'hf_olmo_hybrid_saved': (transformers.OlmoHybridConfig, dict(
+        head_dim=DROP, num_hidden_layers=3, tie_word_embeddings=False,
+        layer_types=['linear_attention', 'full_attention', 'linear_attention'],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=4, linear_value_head_dim=4,
+        linear_conv_kernel_dim=4, linear_allow_neg_eigval=False,
+        rope_parameters={'rope_type': 'default', 'rope_theta': None})),
     # Nemotron-H: "M-M*M-" (mamba, squared-ReLU MLP, mamba, attention without RoPE, mamba, MLP); Mamba-2 with 4 heads
     # of 4 in 2 groups, state 8, conv bias; chunk 8 < 16 tokens (two chunks in the torch prefill).
     'hf_nemotron_h': (transformers.NemotronHConfig, dict(
@@ -146,7 +159,9 @@ BUILT = {
 }
 FINITE_SINKS = ('hf_granite_swa_sinks',)
 # Fixtures whose reference also holds `decode_logits` (token by token through the model's cache).
-DECODED = ('hf_qwen3_5', 'hf_olmo_hybrid', 'hf_nemotron_h', 'hf_bamba', 'hf_granite_hybrid')
+DECODED = ('hf_qwen3_5', 'hf_olmo_hybrid', 'hf_olmo_hybrid_saved', 'hf_nemotron_h', 'hf_bamba', 'hf_granite_hybrid')
+# OLMo hybrid fixtures whose conv tensors stay as save_pretrained cut them (the others get the released split).
+AS_SAVED = ('hf_olmo_hybrid_saved',)
 # Norms whose scale is `1 + weight` (zero-centred); their weights are drawn around 0 instead of 1.
 ZERO_CENTRED_NORMS = ('Qwen3_5RMSNorm',)
 # derived fixture -> (its GraniteSWA source, the MiniCPM fields that give the source's multipliers)
@@ -190,7 +205,7 @@ def build(root: pathlib.Path, only=None):
         else:
           p.copy_(0.3 * torch.randn_like(p))
     model.save_pretrained(root / name)
-    if model.config.model_type == 'olmo_hybrid':
+    if model.config.model_type == 'olmo_hybrid' and name not in AS_SAVED:
       split_olmo_hybrid_conv(root / name, model.config)
     print(f'built {name}: {type(model).__name__}')
 

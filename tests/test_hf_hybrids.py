@@ -9,6 +9,7 @@ the cached decode, the refusals, the analyses and training on an imported model,
 import json
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -22,6 +23,9 @@ from tests.test_hf import DATA, REL_TOL, _edited_copy, _logits, _rel_err, _tiny_
 
 HYBRIDS = {'qwen3_5_text': 'hf_qwen3_5', 'olmo_hybrid': 'hf_olmo_hybrid', 'nemotron_h': 'hf_nemotron_h',
            'bamba': 'hf_bamba', 'granitemoehybrid': 'hf_granite_hybrid'}
+# OLMo Hybrid exactly as transformers' save_pretrained wrote it: its fused q | k | v conv (8 + 8 + 16 channels) in
+# q/k/v_conv1d tensors of 11 / 11 / 10 channels (hf_olmo_hybrid holds the released split, at the q / k / v widths).
+OLMO_AS_SAVED = 'hf_olmo_hybrid_saved'
 
 
 def test_every_family_has_a_fixture():
@@ -30,7 +34,7 @@ def test_every_family_has_a_fixture():
     assert json.loads((DATA / name / 'config.json').read_text())['model_type'] == model_type
 
 
-@pytest.mark.parametrize('name', HYBRIDS.values())
+@pytest.mark.parametrize('name', [*HYBRIDS.values(), OLMO_AS_SAVED])
 def test_cached_decode_matches_transformers(name):
   """Prefill of the first token, then one step per token through the decode states (KV caches, conv and scan
   states), against transformers' own cached decode."""
@@ -328,3 +332,50 @@ def test_a_tied_checkpoint_may_store_its_head_only_as_the_embedding(tmp_path):
   with pytest.raises(HFError, match='tie_word_embeddings is true but lm_head.weight differs from '
                                     'model.embed_tokens.weight'):
     io.read_hf(other)
+
+
+def _olmo_convs(tensors, layer):
+  return [tensors[f'model.layers.{layer}.linear_attn.{part}_conv1d.weight'] for part in 'qkv']
+
+
+def test_an_olmo_hybrid_checkpoint_as_transformers_saves_it_imports(tmp_path):
+  """transformers runs OLMo Hybrid's short conv as one fused depthwise conv over [q | k | v] and saves it cut into
+  near-equal thirds, not at the q / k / v widths. Read as the one tensor they came from and split by the layer's
+  own widths, the checkpoint computes transformers' prefill logits, cached decode (test_cached_decode_matches_
+  transformers) and greedy tokens; exported, the conv is written in the released split, the same fused tensor."""
+  saved = load_file(str(DATA / OLMO_AS_SAVED / io.WEIGHTS_FILE))
+  for layer in (0, 2):
+    assert [t.shape for t in _olmo_convs(saved, layer)] == [(11, 1, 4), (11, 1, 4), (10, 1, 4)]  # Not 8, 8, 16.
+  config, params, _ = io.read_hf(DATA / OLMO_AS_SAVED)
+  gdn = config.model.gdn
+  assert (config.model.cycle, config.model.num_layers, gdn.num_heads, gdn.value_heads, gdn.key_dim, gdn.value_dim,
+          gdn.neg_eigval, config.model.rope_full) == (('gdn', 'full'), 3, 2, 4, 4, 4, False, False)
+  ref = load_file(str(DATA / OLMO_AS_SAVED / 'reference.safetensors'))
+  assert _rel_err(_logits(config.model, params, ref['tokens']), ref['logits']) <= REL_TOL
+  from hybrid_jax.eval.generate import Generator  # pylint: disable=g-import-not-at-top
+  from hybrid_jax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  generator = Generator(state_lib.make_model_def(config.model), params, bucket=8)
+  greedy = generator.generate(ref['tokens'].tolist(), max_new_tokens=ref['greedy'].shape[1])
+  np.testing.assert_array_equal(np.asarray(greedy), ref['greedy'])
+
+  io.write_hf(tmp_path, config.model, params, max_positions=64)
+  written = load_file(str(tmp_path / io.WEIGHTS_FILE))
+  for layer in (0, 2):
+    assert [t.shape for t in _olmo_convs(written, layer)] == [(8, 1, 4), (8, 1, 4), (16, 1, 4)]
+    np.testing.assert_array_equal(np.concatenate(_olmo_convs(written, layer)),
+                                  np.concatenate(_olmo_convs(saved, layer)))
+  _, again, _ = io.read_hf(tmp_path)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(params)))
+
+
+def test_olmo_hybrid_conv_channels_that_do_not_add_up_are_one_line(tmp_path, capsys):
+  """Any cut of the fused conv is read, but the channels must add up to the layer's q + k + v widths."""
+  v = 'model.layers.2.linear_attn.v_conv1d.weight'
+  source = _edited_copy(tmp_path, OLMO_AS_SAVED, lambda t: t.__setitem__(v, t[v][:-1]))
+  assert command_line.run(hf_cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.count('\n') == 0 and err.startswith('error: '), err
+  for part in 'qkv':
+    assert f"'model.layers.2.linear_attn.{part}_conv1d.weight'" in err, err
+  assert '11 + 11 + 9 = 31' in err and '8 + 8 + 16 = 32' in err, err
+  assert not (tmp_path / 'run').exists()

@@ -118,3 +118,25 @@ def test_compile_check_compiles_it_for_a_fake_mesh(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   [row] = json.loads((tmp_path / 'rows.json').read_text())
   assert row['chips'] == 4 and row['fits'] is True and row['xla_flops_per_chip'] > 0
+
+
+def test_a_module_that_registers_no_mixer_kind_is_one_line_at_the_command_line(tmp_path, capsys, monkeypatch):
+  """A module that imports but registers nothing (a typo'd or wrong module) is refused naming it, instead of the
+  run training as if no module were named. A mixer module named again (every config load imports it again, which
+  registers nothing the second time) or imported before by other code is still a mixer module."""
+  (tmp_path / 'not_a_mixer_xyz.py').write_text('X = 1\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, 'not_a_mixer_xyz', raising=False)
+  run = tmp_path / 'run'
+  status, err = run_main(['train', f'--workdir={run}', '--config=hybrid:arch=swa128_nope,scale=tiny', *SMALL_FLAGS,
+                          '--config.model.mixer_modules=not_a_mixer_xyz', '--config.train.steps=4'], capsys)
+  assert_one_line(status, err, "'not_a_mixer_xyz'", 'registered no mixer kind')
+  assert not (run / 'metrics.jsonl').exists()
+  with pytest.raises(ConfigError, match=r"'not_a_mixer_xyz' imports but registered no mixer kind"):
+    registry.load_modules(['not_a_mixer_xyz'])  # Already imported: still refused.
+  with pytest.raises(ConfigError, match=r"'json' imports but registered no mixer kind"):
+    registry.load_modules(['json'])  # Imported long before, by other code, and no mixer module either.
+  for _ in range(2):
+    registry.load_modules(['tests.toy_mixer'])  # Named twice: the second import registers nothing, and is fine.
+  registry.load_modules(['hybrid_jax.models.mixers.mamba2'])  # A built-in one, imported before by the registry.
+  assert 'meanpool' in registry.names()

@@ -207,8 +207,10 @@ def _olmo_hybrid_rules(model_cfg, spec, i):
       Rule(a + 'q_proj.weight', ((m('wq'), HEADS_IN),)), Rule(a + 'k_proj.weight', ((m('wk'), HEADS_IN),)),
       Rule(a + 'v_proj.weight', ((m('wv'), HEADS_IN),)), Rule(a + 'g_proj.weight', ((m('wg'), HEADS_IN),)),
       Rule(a + 'b_proj.weight', ((m('w_beta'), TRANSPOSE),)), Rule(a + 'a_proj.weight', ((m('w_a'), TRANSPOSE),)),
-      Rule(a + 'q_conv1d.weight', ((m('conv_q'), CONV),)), Rule(a + 'k_conv1d.weight', ((m('conv_k'), CONV),)),
-      Rule(a + 'v_conv1d.weight', ((m('conv_v'), CONV),)),
+      # One fused depthwise conv over [q | k | v] (transformers' conv1d), stored as three tensors: cut at the q / k / v
+      # widths in released checkpoints, into near-equal thirds by transformers' save_pretrained.
+      Rule(a + 'conv1d.weight', ((m('conv_q'), CONV), (m('conv_k'), CONV), (m('conv_v'), CONV)),
+           stored=tuple(a + f'{part}_conv1d.weight' for part in 'qkv')),
       Rule(a + 'A_log', ((m('A_log'), SAME),)), Rule(a + 'dt_bias', ((m('dt_bias'), SAME),)),
       Rule(a + 'o_norm.weight', ((m('norm'), SAME),)), Rule(a + 'o_proj.weight', ((m('wo'), HEADS_OUT),))]
 

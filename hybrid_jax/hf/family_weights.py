@@ -1,7 +1,8 @@
 """hybrid_jax params <-> the tensors of a recurrent-hybrid family's checkpoint, by the family's rules (families.py).
 
 Import reads every rule's tensor, checks its shape against what the model config implies, splits it into the
-parameters it holds and changes their layout; a tensor the rules do not name is an error (nothing is dropped
+parameters it holds and changes their layout (a fused tensor stored cut into several, OLMo Hybrid's q / k / v convs,
+is read as their concatenation, whatever the cut); a tensor the rules do not name is an error (nothing is dropped
 silently). Export runs the same rules backwards and joins fused tensors again.
 """
 
@@ -43,6 +44,34 @@ def ignored_names(family, names) -> list[str]:
   return sorted(n for n in names if family.ignored and n.startswith(family.ignored))
 
 
+def _read_cut(read, names, rule, shapes) -> np.ndarray:
+  """The fused tensor of `rule` from the tensors it is stored cut into (rule.stored), concatenated in order along
+  axis 0: any cut whose channels add up to the parts' is read (transformers' near-equal thirds as well as a
+  released checkpoint's q / k / v widths); HFError naming the tensors and the numbers otherwise."""
+  hf_shape = rule.hf_shape(shapes)
+  widths = [transform.hf_shape(shape)[0] for (_, transform), shape in zip(rule.parts, shapes)]
+  for canonical in rule.stored:
+    if canonical not in names:
+      raise HFError(f'the checkpoint has no tensor {canonical!r} (one of {", ".join(map(repr, rule.stored))}, which '
+                    f'together hold the fused {rule.name} of shape {tuple(hf_shape)})')
+  stored = [names[canonical] for canonical in rule.stored]
+  pieces = []
+  for name in stored:
+    value = read(name)
+    if value.ndim != len(hf_shape) or tuple(value.shape[1:]) != tuple(hf_shape[1:]):
+      raise HFError(f'tensor {name!r} has shape {tuple(value.shape)}, but config.json implies '
+                    f'(channels, {", ".join(map(str, hf_shape[1:]))}), a cut of the fused {rule.name} '
+                    f'{tuple(hf_shape)}')
+    pieces.append(weights.as_float(name, value, np.float32))
+  cut = [p.shape[0] for p in pieces]
+  if sum(cut) != hf_shape[0]:
+    labels = ', '.join(path[-1] for path, _ in rule.parts)
+    raise HFError(f'tensors {", ".join(map(repr, stored))} hold {" + ".join(map(str, cut))} = {sum(cut)} '
+                  f'channels of the fused {rule.name} (read concatenated in order), but config.json implies '
+                  f'{" + ".join(map(str, widths))} = {hf_shape[0]} ({labels})')
+  return np.concatenate(pieces, axis=0)
+
+
 def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
   """hybrid_jax params shaped like `abstract` from a family checkpoint (`read(name)` one tensor, `names` all but
   `ignored_names`)."""
@@ -62,10 +91,14 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
       pieces = [weights.read_checked(read, stored, embed, shapes[0][::-1], np.float32).T]
     else:
       hf_shape = rule.hf_shape(shapes)
-      if name not in names:
-        raise HFError(f'the checkpoint has no tensor {name!r} (expected shape {tuple(hf_shape)})')
-      y = weights.read_checked(read, stored, names[name], hf_shape, np.float32)
-      used.add(names[name])
+      if rule.stored:
+        y = _read_cut(read, names, rule, shapes)
+        used.update(names[n] for n in rule.stored)
+      else:
+        if name not in names:
+          raise HFError(f'the checkpoint has no tensor {name!r} (expected shape {tuple(hf_shape)})')
+        y = weights.read_checked(read, stored, names[name], hf_shape, np.float32)
+        used.add(names[name])
       pieces = [transform.from_hf(piece, shape) for (_, transform), piece, shape
                 in zip(rule.parts, rule.split(y, shapes), shapes)]
     for (path, index), value in zip(targets, pieces):
@@ -82,5 +115,8 @@ def to_hf(family, params, model_cfg, *, dtype=np.float32) -> dict[str, np.ndarra
     values = [v if index is None else v[index] for v, (_, index) in zip(values, targets)]
     shapes = [v.shape for v in values]
     pieces = [transform.to_hf(v) for (_, transform), v in zip(rule.parts, values)]
-    tensors[rule.name] = np.ascontiguousarray(rule.join(pieces, shapes).astype(dtype))
+    if rule.stored:  # One tensor per part, as released checkpoints store it.
+      tensors.update((name, np.ascontiguousarray(piece.astype(dtype))) for name, piece in zip(rule.stored, pieces))
+    else:
+      tensors[rule.name] = np.ascontiguousarray(rule.join(pieces, shapes).astype(dtype))
   return tensors

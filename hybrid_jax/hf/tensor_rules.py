@@ -25,10 +25,20 @@ FLAT = Transform(lambda x: x.reshape(-1), lambda y, shape: y.reshape(shape), lam
 class Rule:
   """One checkpoint tensor: `name`, and the parameters (block-relative or top-level paths, each with its layout
   change) it holds, in order along axis 0 (`interleave` > 0: split per head into that many parts, Qwen3.5's q_proj
-  [heads x (query | gate)])."""
+  [heads x (query | gate)]).
+
+  `stored`: the tensor is one fused tensor of the model (`name` is then the module's, not on disk) that the
+  checkpoint holds cut into these tensors along axis 0, one per part in a released checkpoint. Import reads them
+  concatenated in order, whatever their cut (transformers' own `save_pretrained` cuts OLMo Hybrid's fused q | k | v
+  conv into near-equal thirds), and splits the whole by the parts' widths; export writes one tensor per part."""
   name: str
   parts: tuple  # ((path, Transform), ...)
   interleave: int = 0
+  stored: tuple = ()  # (checkpoint tensor name, ...): one per part
+
+  def __post_init__(self):
+    if self.stored and (len(self.stored) != len(self.parts) or self.interleave):
+      raise ValueError(f'rule {self.name!r}: a tensor stored cut holds one stored tensor per part, concatenated')
 
   def hf_shape(self, shapes) -> tuple:
     hf = [transform.hf_shape(shape) for (_, transform), shape in zip(self.parts, shapes)]

@@ -237,7 +237,12 @@ def read_checked(read, names, name, shape, dtype) -> np.ndarray:
   value = read(name)
   if tuple(value.shape) != tuple(shape):
     raise HFError(f'tensor {name!r} has shape {tuple(value.shape)}, but config.json implies {tuple(shape)}')
-  if value.dtype.kind != 'f' and value.dtype.name != 'bfloat16':  # Quantized or integer weights are not values.
+  return as_float(name, value, dtype)
+
+
+def as_float(name, value, dtype) -> np.ndarray:
+  """Checkpoint tensor `name` in `dtype`; quantized or integer weights are refused (they are not values)."""
+  if value.dtype.kind != 'f' and value.dtype.name != 'bfloat16':
     raise HFError(f'tensor {name!r} is {value.dtype.name}; only floating-point weights are imported (dequantize the '
                   'checkpoint first)')
   return np.asarray(value, dtype=np.float32).astype(dtype)

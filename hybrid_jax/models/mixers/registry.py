@@ -15,6 +15,7 @@ ground floor (errors, config_keys) at load time, so every layer can read it with
 import dataclasses
 import importlib
 import pkgutil
+import sys
 from typing import Any, Callable, Mapping
 
 from hybrid_jax import config_keys
@@ -107,6 +108,11 @@ class MixerKind:
 
 _KINDS: dict[str, MixerKind] = {}
 _BUILTINS_LOADED = False
+# Every registration, in order: (kind name, the module whose code called register). It outlives a cleared _KINDS.
+_REGISTRATIONS: list[tuple[str, str]] = []
+# The kinds each module named in model.mixer_modules registered when load_modules imported it (a later import of
+# the same module is a no-op that registers nothing, and is not that module's fault).
+_LOADED: dict[str, tuple[str, ...]] = {}
 
 
 def _kinds() -> dict[str, MixerKind]:
@@ -139,6 +145,7 @@ def register(kind: MixerKind) -> MixerKind:
   if kind.section and kind.section in sections:
     raise ValueError(f'mixer kind {kind.name!r}: config section model.{kind.section} is another kind\'s')
   _KINDS[kind.name] = kind
+  _REGISTRATIONS.append((kind.name, sys._getframe(1).f_globals.get('__name__', '')))  # pylint: disable=protected-access
   return kind
 
 
@@ -158,18 +165,45 @@ def get(name: str) -> MixerKind:
   return known[name]
 
 
+def _within(name: str, module: str) -> bool:
+  return name == module or name.startswith(module + '.')
+
+
+def _registered_by(module: str) -> tuple[str, ...]:
+  """The kinds the code of `module` (or of a module inside it) registered, or whose layer it defines: how a module
+  that was imported before load_modules saw it (by its user, or a built-in one) is known to be a mixer module."""
+  names_ = [name for name, caller in _REGISTRATIONS if _within(caller, module)]
+  names_ += [k.name for k in _KINDS.values() if _within(k.build.__module__, module)]
+  return tuple(dict.fromkeys(names_))
+
+
 def load_modules(modules) -> None:
   """Imports the mixer modules a config names (`model.mixer_modules`), which register their kinds; one
-  ConfigError naming the module otherwise."""
+  ConfigError naming the module otherwise: one that does not import, or that registers no mixer kind (a typo'd
+  or wrong module would else train as if nothing were named).
+
+  Whether a module registered a kind is seen when it is imported here for the first time (what registered while
+  it was imported, its own imports included) and remembered, since configs are loaded many times in one process
+  and a module already imported registers nothing again; a module imported before by other code counts the kinds
+  its own code registered.
+  """
   if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
     raise invalid_config('model.mixer_modules', modules, 'must be a list of importable module names')
+  if modules:
+    _kinds()  # The built-in kinds first: a module importing one of them registers nothing of its own by it.
   for module in modules:
     if not isinstance(module, str) or not module:
       raise invalid_config('model.mixer_modules', tuple(modules), 'must be a list of importable module names')
+    fresh, start = module not in sys.modules, len(_REGISTRATIONS)
     try:
       importlib.import_module(module)
     except Exception as e:  # pylint: disable=broad-except  # The user's module: any failure is one line.
       raise ConfigError(f'config.model.mixer_modules: cannot import {module!r}: {type(e).__name__}: {e}') from None
+    if fresh:
+      _LOADED[module] = tuple(dict.fromkeys(name for name, _ in _REGISTRATIONS[start:]))
+    if not (_LOADED.get(module) or _registered_by(module)):
+      raise ConfigError(f'config.model.mixer_modules: {module!r} imports but registered no mixer kind (a mixer '
+                        'module ends with hybrid_jax.models.mixers.registry.register(MixerKind(...)))')
 
 
 def add_sections(model_cfg, config_dict) -> None:
