@@ -4,6 +4,10 @@ s = the sum of logits over the vocabulary, averaged over the last `last` (20) po
 G(d) = mean over documents of ||ds / de_{T-d}||_2, where e_i is the input embedding at 0-based position i, so
 d = 1 is the last token and d = T the first. Flat G beyond some d means tokens further back barely matter; the
 study measured it at T = 8,192 over 1,000 held-out documents.
+
+Rows are held-out batches as the run's data.packing packs them: with 'documents' a row holds several documents,
+kept apart as in training, so a token of an earlier document than the last positions' has no influence (0), and
+G(d) at large d also says how often the last document reaches back d tokens.
 """
 
 import jax
@@ -18,16 +22,18 @@ from hybrid_jax.errors import InputError
 
 
 def make_gradient_norms(model_def, *, last: int = 20):
-  """Jitted (params, tokens [B, T]) -> ||ds/de_i||_2 per position [B, T] (each row its own document)."""
-  def norms(params, tokens):
+  """Jitted (params, tokens [B, T], positions=None, segment_ids=None) -> ||ds/de_i||_2 per position [B, T]; a row
+  is one document, or the documents of `segment_ids` kept apart."""
+  def norms(params, tokens, positions=None, segment_ids=None):
     model = model_def.bind(params)
     t = tokens.shape[1]
     if not 0 < last <= t:
       raise InputError(f'last={last} must be in [1, T={t}]')
-    positions = jnp.broadcast_to(jnp.arange(t - last, t), (tokens.shape[0], last))
+    queries = jnp.broadcast_to(jnp.arange(t - last, t), (tokens.shape[0], last))
 
     def s(e):  # Rows are independent, so the gradient of the batch sum is each row's own gradient.
-      logits = forward_lib.forward(model, embeddings=e, logit_positions=positions)['logits']
+      logits = forward_lib.forward(model, embeddings=e, positions=positions, segment_ids=segment_ids,
+                                   logit_positions=queries)['logits']
       return jnp.sum(jnp.mean(jnp.sum(logits.astype(jnp.float32), axis=-1), axis=-1))
 
     grads = jax.grad(s)(forward_lib.embed(model, tokens))
@@ -66,8 +72,9 @@ def run(run, *, context: int | None = None, num_samples: int = 16, batch_size: i
   cfg.train.batch_size = batch_size
   batches = eval_batches(cfg, context, -(-num_samples // batch_size))
   fn = make_gradient_norms(run.model_def, last=last)
-  norms = [np.asarray(fn(run.params, jnp.asarray(b['inputs'])))
-           for b in tqdm.tqdm(batches, desc='documents', disable=not progress)]
+  norms = [np.asarray(fn(run.params, jnp.asarray(b['inputs']),
+                         **{k: jnp.asarray(b[k]) for k in ('positions', 'segment_ids') if k in b}))
+           for b in tqdm.tqdm(batches, desc='rows', disable=not progress)]
   norms = np.concatenate(norms)[:num_samples]
   g = influence(norms)
   result = {'distance': list(range(1, context + 1)), 'G': g.tolist(), 'context': context, 'last': last,

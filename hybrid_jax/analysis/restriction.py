@@ -2,7 +2,8 @@
 
 Restrict the full-attention layers, or the efficient layers, to a window W with S sink tokens (semantics in
 windowed.py) and evaluate, for each restriction and without one:
-- 'loss': held-out loss, overall and by position bucket (the run's data source at `seq_len`);
+- 'loss': held-out loss, overall and by position bucket of the row (the run's data source at `seq_len`, packed as
+  data.packing says: with 'documents' each document of a row on its own, over the targets training counts);
 - 'niah': needle accuracy (teacher-forced greedy match, see needle_probe.py) on needle prompts;
 - 'longppl': LongPPL / PPL over documents with precomputed key spans (hybrid_jax.eval.longppl), when given.
 The result is a table of metric vs restriction (JSON, Markdown) and a plot of each metric against W.
@@ -23,15 +24,17 @@ from hybrid_jax.data.pipeline import make_eval_batches
 from hybrid_jax.errors import InputError
 from hybrid_jax.eval import longppl as longppl_lib
 from hybrid_jax.eval.perplexity import loss_by_position
-from hybrid_jax.train.step import token_nll
+from hybrid_jax.train.step import target_weights, token_nll
 
 METRICS = ('loss', 'niah', 'longppl')
 
 
 def make_nll(model_def, restriction):
-  """Jitted (params, inputs [B, T], targets [B, T]) -> per-token NLL [B, T] under `restriction`."""
-  def nll(params, inputs, targets):
-    logits = forward_lib.forward(model_def.bind(params), inputs, restriction=restriction)['logits']
+  """Jitted (params, inputs [B, T], targets [B, T], positions=None, segment_ids=None) -> per-token NLL [B, T] under
+  `restriction`; with segment ids each document of a packed row is read on its own, as the model trained on it."""
+  def nll(params, inputs, targets, positions=None, segment_ids=None):
+    logits = forward_lib.forward(model_def.bind(params), inputs, positions=positions, segment_ids=segment_ids,
+                                 restriction=restriction)['logits']
     return token_nll(logits, targets)[0]
   return jax.jit(nll)
 
@@ -42,11 +45,21 @@ def eval_batches(config, seq_len: int, num_batches: int) -> list[dict]:
   return make_eval_batches(c, num_batches)
 
 
+def batch_nll(nll_fn, params, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+  """(per-token NLL [B, T], weight [B, T] of each target) of a held-out batch: its documents kept apart, and only
+  the targets the training loss counts weigh 1 (`target_weights`: not the EOS asked for the next document)."""
+  documents = {k: jnp.asarray(batch[k]) for k in ('positions', 'segment_ids') if k in batch}
+  nll = np.asarray(nll_fn(params, jnp.asarray(batch['inputs']), jnp.asarray(batch['targets']), **documents),
+                   np.float64)
+  weights = target_weights(batch)
+  return nll, np.ones_like(nll) if weights is None else np.asarray(weights, np.float64)
+
+
 def loss_metric(nll_fn, params, batches, buckets: int) -> dict:
   total, counts = None, None
   for b in batches:
-    nll = np.asarray(nll_fn(params, jnp.asarray(b['inputs']), jnp.asarray(b['targets'])), np.float64)
-    s, c = nll.sum(axis=0), np.full(nll.shape[1], nll.shape[0], np.float64)
+    nll, weights = batch_nll(nll_fn, params, b)
+    s, c = (nll * weights).sum(axis=0), weights.sum(axis=0)
     total, counts = (s, c) if total is None else (total + s, counts + c)
   return {'loss': float(total.sum() / counts.sum()), 'loss_by_position': loss_by_position(total, counts, buckets)}
 

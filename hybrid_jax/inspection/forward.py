@@ -4,7 +4,8 @@
 - return attention probabilities of chosen query positions in every attention layer ([B, Hq, nq, T] each);
 - return the residual stream at chosen positions before the first block and after every block;
 - start from given input embeddings instead of tokens (for gradients with respect to them);
-- restrict the receptive field of the full-attention or of the efficient layers (see `windowed.py`).
+- restrict the receptive field of the full-attention or of the efficient layers (see `windowed.py`);
+- keep the documents of a packed row apart (`segment_ids`, as `HybridLM.__call__` takes them), restricted or not.
 
 Training never runs this path, so its numerics and speed are untouched. A scanned stack is unrolled here (its stacked
 parameters sliced per cycle): compile time grows with depth, which is fine for inference-only analyses.
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.inspection import windowed
-from hybrid_jax.models import pattern
+from hybrid_jax.models import documents, pattern
 from hybrid_jax.models.mixers import attention, registry
 
 
@@ -77,14 +78,18 @@ def _gather(x, index):
   return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def forward(model, tokens=None, *, embeddings=None, attention_queries=None, residual_positions=None,
-            logit_positions=None, restriction: 'windowed.Restriction | None' = None, head_scale=None) -> dict:
+def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=None, attention_queries=None,
+            residual_positions=None, logit_positions=None, restriction: 'windowed.Restriction | None' = None,
+            head_scale=None) -> dict:
   """{'logits' [B, T, V], 'attention' {layer: [B, Hq, nq, T]}, 'residuals' [L + 1, B, nr, d]}.
 
-  Give `tokens` [B, T] or `embeddings` [B, T, d]. `logit_positions` [B, n] computes logits only there ([B, n, V]:
-  a long context times a large vocabulary would not fit otherwise). `attention_queries` [B, nq] (int) selects the query positions
-  whose attention rows are returned for every attention layer; `residual_positions` [B, nr] selects where the
-  residual stream is read (entry 0: the embeddings, entry l + 1: after block l). Absent selections are not computed.
+  Give `tokens` [B, T] or `embeddings` [B, T, d]. `positions` and `segment_ids` [B, T] as `HybridLM.__call__`
+  takes them (hybrid_jax.models.documents): with segment ids every layer sees only each token's own document, so
+  each document of a packed row gives what it gives alone, and attention rows are 0 over other documents' keys.
+  `logit_positions` [B, n] computes logits only there ([B, n, V]: a long context times a large vocabulary would not
+  fit otherwise). `attention_queries` [B, nq] (int) selects the query positions whose attention rows are returned
+  for every attention layer; `residual_positions` [B, nr] selects where the residual stream is read (entry 0: the
+  embeddings, entry l + 1: after block l). Absent selections are not computed.
   `head_scale` {layer index: [Hq]} multiplies each query head's output of those attention layers before their output
   projection (0 ablates a head; the values may be traced).
   """
@@ -92,14 +97,14 @@ def forward(model, tokens=None, *, embeddings=None, attention_queries=None, resi
     raise ValueError('forward needs exactly one of tokens or embeddings')
   x = embed(model, tokens) if embeddings is None else embeddings
   x = x.astype(model.dtype)
-  t = x.shape[1]
-  positions = jnp.arange(t, dtype=jnp.int32)
+  rows = jax.ShapeDtypeStruct(x.shape[:2], jnp.int32)  # `resolve` reads only the shape of the tokens.
+  positions, segment_ids = documents.resolve(rows, positions, segment_ids)
   residuals = [] if residual_positions is None else [_gather(x, residual_positions)]
   attention = {}
   for layer, block in zip(layers(model.cfg), blocks(model)):
     h = block.mixer_input(x)
     y, probs = windowed.mix(block.mixer, layer.spec, h, positions, restriction, attention_queries,
-                            (head_scale or {}).get(layer.index))
+                            (head_scale or {}).get(layer.index), segment_ids)
     if probs is not None:
       attention[layer.index] = probs
     x = block.add(x, block.mixer_output(y))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax import errors, kernels
+from hybrid_jax.kernels import segments
 from hybrid_jax.kernels.attention import xla as xla_attention
 from hybrid_jax.models import cache as cache_lib
 from hybrid_jax.models import flops, layers, pattern
@@ -112,7 +113,8 @@ class Attention(nnx.Module):
       return _kernel(q, k, v, window, self.scale, impl, sink_positions, segment_ids)
     # Learned sinks join each row's softmax over the keys it sees, so with documents they are per document.
     o, lse = xla_attention.attention(q, k, v, window=window, scale=self.scale, sinks=sink_positions,
-                                     segment_ids=segment_ids, return_lse=True)
+                                     segment_ids=None if segment_ids is None else segments.runs(segment_ids),
+                                     return_lse=True)
     return (o * jax.nn.sigmoid(lse - self.sinks[...][heads].astype(lse.dtype))[..., None]).astype(o.dtype)
 
   # ------------------------------------------------------------------------------------------- decoding
