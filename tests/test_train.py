@@ -162,3 +162,45 @@ def test_evaluate_matches_a_direct_mean():
   assert result['packed_tokens'] == 2 * cfg.train.batch_size * cfg.data.seq_len
   with pytest.raises(ValueError, match='at least one batch'):
     evaluate_packed(None, params, [])
+
+
+def _documents_batch(cfg, seed=0):
+  """A batch of rows of several documents (ids 1, 2, ... per row; the last target of each document crosses)."""
+  batch = _batch(cfg, seed)
+  b, t = batch['inputs'].shape
+  rng = np.random.default_rng(seed + 1)
+  seg = np.stack([np.searchsorted(np.sort(rng.choice(np.arange(1, t + 1), 3, replace=False)), np.arange(t + 1),
+                                  side='right') + 1 for _ in range(b)]).astype(np.int32)
+  return {**batch, 'segment_ids': jnp.asarray(seg[:, :-1]), 'target_segment_ids': jnp.asarray(seg[:, 1:])}
+
+
+def test_documents_train_loss_is_the_mean_over_the_counted_targets():
+  """The train step's loss and gradients on a batch with documents: the mean NLL (and z-loss) over the targets inside
+  their input's document, whatever the loss chunk and the gradient accumulation (the same update every way)."""
+  cfg = small_config('gdn')
+  cfg.train.update(dict(z_loss=1e-2))
+  model_def, params = state_lib.init_model(cfg.model, 0)
+  batch = _documents_batch(cfg)
+  weights = np.asarray(step_lib.target_weights(batch))
+  assert 0 < weights.sum() < weights.size
+
+  def reference(params):
+    nll, log_z = step_lib.token_nll(model_def.bind(params)(batch['inputs'], segment_ids=batch['segment_ids']),
+                                    batch['targets'])
+    loss = jnp.sum(nll * weights) / weights.sum()
+    return loss + 1e-2 * jnp.sum(log_z ** 2 * weights) / weights.sum(), loss
+
+  (_, want), grads = jax.value_and_grad(reference, has_aux=True)(params)
+  want_norm = float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads))))
+  updated = []
+  for chunk, accum in ((0, 1), (16, 1), (0, 2), (16, 2)):
+    cfg.train.update(dict(loss_chunk=chunk, grad_accum=accum))
+    tx = optim.make_optimizer(cfg.train)
+    state = state_lib.init_train_state(jax.tree.map(jnp.copy, params), tx)  # The step donates it.
+    state, metrics = step_lib.make_train_step(model_def, tx, cfg.train)(state, batch)
+    assert float(metrics['loss']) == pytest.approx(float(want), rel=1e-5), (chunk, accum)
+    assert float(metrics['grad_norm']) == pytest.approx(want_norm, rel=1e-5), (chunk, accum)
+    updated.append(state['params'])
+  for other in updated[1:]:
+    for a, b in zip(jax.tree.leaves(other), jax.tree.leaves(updated[0])):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -200,7 +200,8 @@ class HybridLM(nnx.Module):
     """Logits [B, T, vocab] (compute dtype) for int tokens [B, T].
 
     segment_ids [B, T] (packed documents, hybrid_jax.models.documents): each token sees only its own document in
-    every layer; positions [B, T] or [T] default to 0..T-1, or to each token's offset in its document.
+    every layer; positions [B, T] or [T] default to 0..T-1 (with documents, any numbering that counts up by one
+    inside each document computes the same).
     """
     return self.logits(self.hidden_states(tokens, positions, segment_ids))
 
