@@ -29,6 +29,7 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
   s, c = result['step'], result['config']
   assert (c['seq_len'], c['batch_size'], c['grad_accum'], c['remat'], c['scan_layers']) == (64, 4, 2, 'save_dots',
                                                                                            True)
+  assert (c['packing'], c['documents']) == ('documents', 16)  # The config's packing: documents of T // 4 tokens.
   assert len(s['step_s_all']) == 2 and s['step_s_median'] > 0 and s['compile_s'] > 0
   cfg = bench_step.load_config(f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', seq_len=64,
                                overrides=SMALL[1::2] + ['model.num_layers=4'])
@@ -50,7 +51,8 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
   text = capsys.readouterr().out
   assert 'tokens/s' in text and '| block_swa_w16/mixer | 2 |' in text
 
-  # Compiling from shapes alone gives the same program: the same compiled memory, and nothing runs.
+  # Compiling from shapes alone gives the same program (the batch of the same packing): the same compiled memory,
+  # and nothing runs.
   same = bench_step.load_config(f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', seq_len=64, batch_size=4,
                                 grad_accum=2, overrides=SMALL[1::2] + ['model.num_layers=4', 'model.scan_layers=True',
                                                                        'model.remat=save_dots'])
@@ -110,3 +112,31 @@ def test_xla_flop_count_missing_is_none_not_zero():
   assert bench_step.xla_flops({'flops': 0.0}) is None
   assert bench_step.xla_flops({'flops': float('nan')}) is None
   assert bench_step.xla_flops({'flops': 3e12}) == 3e12
+
+
+def test_the_step_batch_follows_data_packing():
+  """With data.packing='documents' the benchmark's rows are documents of --documents tokens (default seq_len // 4)
+  laid out as the data pipeline lays out its first packed row of such documents (the same keys, segment ids,
+  positions and target segment ids); with 'concat' inputs and targets only; a document length there is refused."""
+  import grain  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from hybrid_jax.data import pipeline  # pylint: disable=import-outside-toplevel
+  from hybrid_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  spec = f'{ROOT}/configs/hybrid.py:arch=gdn,scale=tiny'
+  config = bench_step.load_config(spec, seq_len=20, batch_size=1)
+  assert config.data.packing == 'documents' and bench_step.document_length(config) == 5
+  batch = bench_step.make_batch(config, 1, documents=6)
+  assert set(batch) == set(step_lib.BATCH_KEYS['documents'])
+  tokens = np.concatenate([batch['inputs'][0], batch['targets'][0, -1:]])
+  docs = grain.MapDataset.source([tokens[i:i + 6] for i in range(0, 21, 6)]).to_iter_dataset()
+  expected = next(iter(pipeline._pack_and_batch(docs, 20, 1, 'documents')))  # pylint: disable=protected-access
+  assert set(expected) == set(batch)
+  for key, value in expected.items():
+    np.testing.assert_array_equal(batch[key], value, err_msg=key)
+  np.testing.assert_array_equal(batch['positions'][0], np.arange(20) % 6)
+  # The targets across the three boundaries do not count.
+  assert step_lib.target_weights(batch).sum() == 20 - 3
+  concat = bench_step.load_config(spec, seq_len=20, batch_size=1, overrides=['data.packing=concat'])
+  assert set(bench_step.make_batch(concat, 2)) == {'inputs', 'targets'}
+  with pytest.raises(ConfigError, match=r"--documents=6 needs data.packing='documents'"):
+    bench_step.make_batch(concat, 2, documents=6)

@@ -35,6 +35,15 @@ def _check_kernels(out):
   bench = attention['bench']['rows']
   assert {r['impl'] for r in bench} == {'pallas_gpu', 'xla'}
   assert all('error' not in r and r['fwd_bwd_ms'] > 0 and r['fwd_bwd_compile_s'] > 0 for r in bench)
+  # pallas_gpu on rows of documents of 12 tokens and of one document (T = 32), each after the same call unmasked,
+  # and their speed against it.
+  documents = attention['documents']['rows']
+  assert [(r['impl'], r['window'], r['documents']) for r in documents] == [
+      ('pallas_gpu', window, n) for window in (8, None) for n in (None, 12, 32)]
+  assert all('error' not in r and r['fwd_bwd_ms'] > 0 for r in documents)
+  assert all(r['fwd_bwd_vs_unmasked'] > 0 for r in documents if r['documents'])
+  pairs = {(r['window'], r['documents']): r['pairs'] for r in documents}
+  assert all(pairs[w, 12] < pairs[w, None] == pairs[w, 32] for w in (8, None))  # Only a document's own pairs.
   scan = json.loads((out / 'scan.json').read_text())
   assert scan['parity'] and all(r['ok'] for r in scan['parity'])
   # Parity rows carry the shared-memory model of what they ran, for the device run to check it against.
@@ -44,6 +53,9 @@ def _check_kernels(out):
              if r['impl'] == 'pallas_gpu')
   assert {r['impl'] for r in scan['rows']} == {'pallas_gpu', 'xla'}
   assert all('error' not in r and r['fwd_bwd_ms'] > 0 for r in scan['rows'])
+  assert [(r['impl'], r['documents']) for r in scan['rows']] == [('pallas_gpu', None), ('pallas_gpu', 12),
+                                                                 ('xla', None), ('xla', 12)]
+  assert all(r['fwd_bwd_vs_unmasked'] > 0 for r in scan['rows'] if r['documents'])
 
 
 def test_dry_run_measures_every_phase(tmp_path):
@@ -51,6 +63,7 @@ def test_dry_run_measures_every_phase(tmp_path):
   _check_kernels(out)
   [run] = json.loads((out / 'step.json').read_text())
   assert run['run'] == 'full' and run['step']['step_s_median'] > 0 and run['step']['breakdown']['parts']
+  assert run['config']['packing'] == 'concat'  # The MFU runs time concatenated rows, as their targets were set.
   text = (out / 'summary.md').read_text()
   assert '| attention parity cases passed | 2/2 | all | met |' in text
   assert '| scan parity cases passed | 2/2 | all | met |' in text
@@ -59,11 +72,13 @@ def test_dry_run_measures_every_phase(tmp_path):
 
 @pytest.mark.slow
 def test_dry_run_every_step_run(tmp_path):
-  out, _ = _dry_run(tmp_path, 'full swa128_nope gdn gdn_pallas_scan')
+  out, _ = _dry_run(tmp_path, 'full swa128_nope gdn gdn_pallas_scan gdn_documents')
   _check_kernels(out)
   runs = json.loads((out / 'step.json').read_text())
-  assert [r['run'] for r in runs] == ['full', 'swa128_nope', 'gdn', 'gdn_pallas_scan']
+  assert [r['run'] for r in runs] == ['full', 'swa128_nope', 'gdn', 'gdn_pallas_scan', 'gdn_documents']
   assert all(r['step']['step_s_median'] > 0 for r in runs)
+  assert [(r['config']['packing'], r['config']['documents']) for r in runs] == [('concat', None)] * 4 + [
+      ('documents', 8)]  # Documents of seq_len // 4 tokens.
 
 
 def test_summary_compares_each_measure_with_its_target(tmp_path):

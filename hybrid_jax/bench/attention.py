@@ -8,7 +8,14 @@ measured in the same run. On CPU only ratios mean much; absolute speed needs a G
 the anchor shapes of docs/BENCHMARKING.md: bf16, 16 heads of 128, 32,768 tokens per call (8x4K, 1x32K), windows
 128/512/2048/full.
 
+--documents N[,N...] also times every call on rows of packed documents of N tokens (segment ids, as training with
+data.packing='documents' calls it; N = T is one document per row, the masks' own overhead) right after the
+unmasked call: those rows carry documents=N, count only the pairs inside a document (the work a kernel that skips
+other documents' blocks has left), and report the speed against the unmasked call of the same implementation, T
+and window.
+
   python -m hybrid_jax bench attention --seq-lens 2048,4096 --windows 128,full --json out.json
+  python -m hybrid_jax bench attention --seq-lens 8192 --tokens 32768 --impls pallas_gpu --documents 512,8192
 """
 
 import datetime
@@ -19,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_jax import checks, command_line
-from hybrid_jax.bench import timing
+from hybrid_jax.bench import documents as bench_documents, timing
 from hybrid_jax.kernels import attention
 from hybrid_jax.kernels.attention import IMPLEMENTATIONS
 
@@ -57,6 +64,10 @@ def _parse(argv):
                  help='comma-separated implementations (default xla CPU, pallas_gpu,cudnn,xla GPU)')
   p.add_argument('--repeats', type=checks.POSITIVE_INT,
                  help='fewest timed runs per measurement (more until 1 s); median reported (default 5 CPU, 20 else)')
+  p.add_argument('--documents', type=ints, metavar='N[,N...]',
+                 help='also time every call on rows of packed documents of N tokens (segment ids; N = T: one '
+                 'document per row) after the unmasked one, for each N listed; those rows carry documents=N and '
+                 'their speed vs the unmasked call (default: unmasked only)')
   p.add_argument('--timeout', type=checks.NONNEGATIVE, default=120.0,
                  help='seconds per measurement (one implementation, T and window; compile included): past it the '
                  'row records the timeout and the sweep goes on (0: no limit)')
@@ -106,30 +117,50 @@ def ceilings(args):
               copy_gbs=2 * x.size * dtype.itemsize / copy_ms / 1e6)
 
 
-def measure(t, window, impl, args):
-  """One row: fwd and fwd+bwd timings and model rates for this (T, window, implementation)."""
+def fallback_of(impl, q, window, segment_ids):
+  """What a call of `impl` with documents runs instead, where the dispatcher falls back (cuDNN has no documents);
+  None where `impl` itself runs."""
+  from hybrid_jax.kernels import platform  # pylint: disable=import-outside-toplevel
+  from hybrid_jax.kernels.attention import api  # pylint: disable=import-outside-toplevel
+  if impl != 'cudnn' or segment_ids is None or platform.target() != 'gpu':
+    return None
+  return api._auto(q, window, 0, segment_ids, preferred='cudnn')  # pylint: disable=protected-access
+
+
+def measure(t, window, impl, args, documents=None):
+  """One row: fwd and fwd+bwd timings and model rates for this (T, window, implementation), on rows of documents
+  of `documents` tokens (None: unmasked)."""
   dtype = jnp.dtype(args.dtype)
   batch = batch_for(t, args)
   keys = jax.random.split(jax.random.key(0), 4)
   shapes = [(batch, t, h, args.head_dim) for h in (args.heads, args.kv_heads, args.kv_heads, args.heads)]
   q, k, v, do = (jax.random.normal(key, s, dtype) for key, s in zip(keys, shapes))
-  fwd = lambda q, k, v: attention(q, k, v, window=window, implementation=impl)
+  # The segment ids are an argument of the timed program, as in training (not a constant folded into it).
+  seg = None if documents is None else jnp.asarray(bench_documents.segment_ids(batch, t, documents))
+  fwd = lambda q, k, v, seg: attention(q, k, v, window=window, segment_ids=seg, implementation=impl)
 
-  def fwd_bwd(q, k, v, do):
-    _, vjp = jax.vjp(fwd, q, k, v)
+  def fwd_bwd(q, k, v, seg, do):
+    _, vjp = jax.vjp(lambda q, k, v: fwd(q, k, v, seg), q, k, v)
     return vjp(do)
 
-  pairs = batch * visible_pairs(t, window)
+  pairs = batch * (visible_pairs(t, window) if documents is None
+                   else bench_documents.visible_pairs(t, window, documents))
   flops = 4 * args.heads * args.head_dim * pairs
   io = dtype.itemsize * batch * t * args.head_dim * (2 * args.heads + 2 * args.kv_heads)
-  row = dict(impl=impl, T=t, window=window, batch=batch, heads=args.heads, kv_heads=args.kv_heads,
-             head_dim=args.head_dim, dtype=args.dtype, pairs=pairs, fwd_flops=flops, fwd_bwd_flops=3.5 * flops)
+  row = dict(impl=impl, T=t, window=window, documents=documents, batch=batch, heads=args.heads,
+             kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, pairs=pairs, fwd_flops=flops,
+             fwd_bwd_flops=3.5 * flops)
 
   def run(row):
-    row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (q, k, v), args.repeats, args.min_seconds)
+    ran = fallback_of(impl, q, window, seg)
+    if ran:
+      row['ran'] = ran
+      row['note'] = f'{impl} has no documents: the call runs {ran} instead (the dispatcher\'s fallback)'
+    row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (q, k, v, seg), args.repeats, args.min_seconds)
     row['fwd_tflops'] = flops / row['fwd_ms'] / 1e9
     row['fwd_gbs'] = io / row['fwd_ms'] / 1e6
-    row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (q, k, v, do), args.repeats, args.min_seconds)
+    row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (q, k, v, seg, do), args.repeats,
+                                                               args.min_seconds)
     row['fwd_bwd_tflops'] = 3.5 * flops / row['fwd_bwd_ms'] / 1e9
     row['fwd_bwd_gbs'] = 3 * io / row['fwd_bwd_ms'] / 1e6  # Model: fwd tensors, plus o, do, dq, dk, dv.
 
@@ -137,11 +168,12 @@ def measure(t, window, impl, args):
 
 
 def _add_ratios(rows, baselines, ceiling):
-  """Growth of time from each T to the next (same window and impl), speed relative to each baseline impl
-  (baseline ms / this ms: above 1 is faster) and the fraction of the GEMM ceiling reached."""
+  """Growth of time from each T to the next (same window, impl and documents), speed relative to each baseline impl
+  (baseline ms / this ms: above 1 is faster), a masked row's speed relative to the unmasked call of its impl, T and
+  window (`*_vs_unmasked`), and the fraction of the GEMM ceiling reached."""
   by_key = {}
   for row in rows:
-    by_key.setdefault((row['impl'], row['window']), []).append(row)
+    by_key.setdefault((row['impl'], row['window'], row.get('documents')), []).append(row)
   for group in by_key.values():
     group.sort(key=lambda r: r['T'])
     for prev, row in zip(group, group[1:]):
@@ -149,12 +181,18 @@ def _add_ratios(rows, baselines, ceiling):
         if f'{m}_ms' in row and f'{m}_ms' in prev:
           row[f'{m}_growth'] = row[f'{m}_ms'] / prev[f'{m}_ms']
   for baseline in baselines:
-    base = {(r['T'], r['window']): r for r in rows if r['impl'] == baseline}
+    base = {(r['T'], r['window'], r.get('documents')): r for r in rows if r['impl'] == baseline}
     for row in rows:
-      ref = base.get((row['T'], row['window']), {})
+      ref = base.get((row['T'], row['window'], row.get('documents')), {})
       for m in ('fwd', 'fwd_bwd'):
         if f'{m}_ms' in row and f'{m}_ms' in ref:
           row[f'{m}_vs_{baseline}'] = ref[f'{m}_ms'] / row[f'{m}_ms']
+  unmasked = {(r['impl'], r['T'], r['window']): r for r in rows if r.get('documents') is None}
+  for row in rows:
+    ref = unmasked.get((row['impl'], row['T'], row['window']), {}) if row.get('documents') else {}
+    for m in ('fwd', 'fwd_bwd'):
+      if f'{m}_ms' in row and f'{m}_ms' in ref:
+        row[f'{m}_vs_unmasked'] = ref[f'{m}_ms'] / row[f'{m}_ms']
   for row in rows:
     for m in ('fwd', 'fwd_bwd'):
       if f'{m}_tflops' in row:
@@ -166,7 +204,7 @@ def suggested_gpu_table(rows):
   from hybrid_jax.kernels.attention import api  # pylint: disable=import-outside-toplevel
   best = {}
   for row in sorted(rows, key=lambda r: r['T']):
-    if row['impl'] in ('pallas_gpu', 'cudnn') and 'fwd_bwd_ms' in row:
+    if row['impl'] in ('pallas_gpu', 'cudnn') and 'fwd_bwd_ms' in row and row.get('documents') is None:
       key = (api._bucket(row['window'], row['T']), row['T'])  # pylint: disable=protected-access
       if key not in best or row['fwd_bwd_ms'] < best[key][1]:
         best[key] = (row['impl'], row['fwd_bwd_ms'])
@@ -177,25 +215,29 @@ def suggested_gpu_table(rows):
 
 
 def _table(rows, baselines):
-  cols = ['impl', 'T', 'window', 'fwd ms', 'fwd TF/s', 'fwd growth', 'fwd+bwd ms', 'fwd+bwd TF/s',
+  cols = ['impl', 'B', 'T', 'window', 'docs', 'fwd ms', 'fwd TF/s', 'fwd growth', 'fwd+bwd ms', 'fwd+bwd TF/s',
           'fwd+bwd growth', 'compile s (fwd, fwd+bwd)']
-  cols[1:2] = ['B', 'T']
   for baseline in baselines:
     cols += [f'fwd speed vs {baseline}', f'fwd+bwd speed vs {baseline}']
+  masked = any(r.get('documents') for r in rows)
+  if masked:
+    cols += ['fwd speed vs unmasked', 'fwd+bwd speed vs unmasked']
   cols += ['fwd+bwd / GEMM']
   f = lambda x, spec: '' if x is None else format(x, spec)
   lines = ['| ' + ' | '.join(cols) + ' |', '|' + ' --- |' * len(cols)]
   for r in rows:
+    head = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), str(r.get('documents') or '')]
     if 'error' in r:
-      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'),
-               timing.headline(r['error'], 80)]
-      cells += [''] * (len(cols) - 5)
+      cells = head + [timing.headline(r['error'], 80)]
+      cells += [''] * (len(cols) - len(cells))
     else:
-      cells = [r['impl'], str(r['batch']), str(r['T']), str(r['window'] or 'full'), f(r['fwd_ms'], '.3f'), f(r['fwd_tflops'], '.3f'),
-               f(r.get('fwd_growth'), '.2f'), f(r['fwd_bwd_ms'], '.3f'), f(r['fwd_bwd_tflops'], '.3f'),
-               f(r.get('fwd_bwd_growth'), '.2f'), f"{r['fwd_compile_s']:.2f}, {r['fwd_bwd_compile_s']:.2f}"]
+      cells = head + [f(r['fwd_ms'], '.3f'), f(r['fwd_tflops'], '.3f'),
+                      f(r.get('fwd_growth'), '.2f'), f(r['fwd_bwd_ms'], '.3f'), f(r['fwd_bwd_tflops'], '.3f'),
+                      f(r.get('fwd_bwd_growth'), '.2f'), f"{r['fwd_compile_s']:.2f}, {r['fwd_bwd_compile_s']:.2f}"]
       for baseline in baselines:
         cells += [f(r.get(f'fwd_vs_{baseline}'), '.2f'), f(r.get(f'fwd_bwd_vs_{baseline}'), '.2f')]
+      if masked:
+        cells += [f(r.get('fwd_vs_unmasked'), '.2f'), f(r.get('fwd_bwd_vs_unmasked'), '.2f')]
       cells.append(f(r.get('fwd_bwd_of_gemm'), '.3f'))
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
@@ -218,17 +260,21 @@ def main(argv=None):
   for impl in args.impls:
     for window in args.windows:
       for t in args.seq_lens:
-        r = measure(t, window, impl, args)
-        result = (timing.headline(r['error']) if 'error' in r
-                  else f"fwd {r['fwd_ms']:.2f} ms (compile {r['fwd_compile_s']:.1f} s), fwd+bwd "
-                  f"{r['fwd_bwd_ms']:.2f} ms (compile {r['fwd_bwd_compile_s']:.1f} s)")
-        report.add(r, f"  {impl} T={t} window={window or 'full'}: {result}")
+        for documents in (None, *(args.documents or ())):  # Unmasked first.
+          r = measure(t, window, impl, args, documents)
+          result = (timing.headline(r['error']) if 'error' in r
+                    else f"fwd {r['fwd_ms']:.2f} ms (compile {r['fwd_compile_s']:.1f} s), fwd+bwd "
+                    f"{r['fwd_bwd_ms']:.2f} ms (compile {r['fwd_bwd_compile_s']:.1f} s)")
+          masked = f' documents of {documents}' if documents else ''
+          report.add(r, f"  {impl} T={t} window={window or 'full'}{masked}: {result}")
   rows = report.rows()
   baselines = [a for a in _ANCHORS if a in args.impls] or args.impls[:1]
   _add_ratios(rows, baselines, ceiling)
   print(_table(rows, baselines))
   print('growth: time ratio to the previous T at the same window (x2 T: ~2 means O(T*w), ~4 means O(T^2)); '
-        'speed vs X: X ms / this ms (above 1: faster than X).')
+        'speed vs X: X ms / this ms (above 1: faster than X)' + (
+            '; docs: rows of documents of that many tokens; vs unmasked: the same call without documents'
+            if args.documents else '') + '.')
   if {'pallas_gpu', 'cudnn'} <= set(args.impls):
     meta['suggested_gpu_table'] = {str(k): v for k, v in suggested_gpu_table(rows).items()}
     print(f"suggested _GPU_BY_WINDOW (faster fwd+bwd per window bucket): {meta['suggested_gpu_table']}")

@@ -14,8 +14,15 @@ against the float64 reference at the docs/KERNELS.md tolerances, compiled on the
 for the cases of `parity_cases` (within --parity-budget seconds). Every row is printed and written to --json the
 moment it is measured, compile time apart from run time, each measurement under its own --timeout.
 
+--documents N[,N...] also times every implementation on rows of packed documents of N tokens (segment ids: the state
+restarts at each document, as training with data.packing='documents' runs the scans) right after its unmasked
+call: those rows carry documents=N and their speed against the unmasked call; with --fla, fla's varlen form of the
+same documents (`cu_seqlens` over the batch flattened to one row) is timed for the kernels that take it
+(FLA_DOCUMENTS).
+
   python -m hybrid_jax bench scan --seq-lens 1024,4096,16384 --json out.json
   python -m hybrid_jax bench scan --parity --fla --json out.json          (GPU machine: scripts/device/measure.sh)
+  python -m hybrid_jax bench scan --seq-lens 8192 --documents 512 --json out.json
 """
 
 import datetime
@@ -26,9 +33,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_jax import checks, command_line
-from hybrid_jax.bench import timing
+from hybrid_jax.bench import documents as bench_documents, timing
 from hybrid_jax.bench.attention import ceilings
 from hybrid_jax.bench.scan_parity import KERNELS, parity
 from hybrid_jax.kernels.linear_scan.api import IMPLEMENTATION_NAMES
@@ -42,6 +50,7 @@ _DEFAULTS = {
                 head_dim=128, dtype='bfloat16', repeats=20, gemm=8192),
 }
 FLA = {'linear_scan': ('chunk_simple_gla', 'chunk_lightning_attn'), 'gated_delta_rule': ('chunk_gated_delta_rule',)}
+FLA_DOCUMENTS = ('chunk_simple_gla', 'chunk_gated_delta_rule')  # fla kernels timed on documents (cu_seqlens).
 FLA_NOTE = ('fla backward on Hopper with Triton < 3.7.1 is refused upstream (a miscompile); '
             'fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 was forced True for timing only')
 
@@ -68,6 +77,10 @@ def _parse(argv):
   p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=0.5, help='fewest seconds of timed runs per row')
   p.add_argument('--gemm', type=checks.POSITIVE_INT, help='n of the n^3 GEMM ceiling (default 1024 CPU, 8192 else)')
   p.add_argument('--fla', action='store_true', help='also time fla (needs fla-core, torch and a CUDA GPU)')
+  p.add_argument('--documents', type=ints, metavar='N[,N...]',
+                 help='also time every implementation on rows of packed documents of N tokens (segment ids) after '
+                 'its unmasked call, for each N listed; those rows carry documents=N and their speed vs the '
+                 'unmasked call (default: unmasked only)')
   p.add_argument('--parity', action='store_true', help='check values and gradients on this device first')
   p.add_argument('--parity-only', action='store_true', help='run the parity checks and no timings')
   p.add_argument('--timeout', type=checks.NONNEGATIVE, default=120.0,
@@ -122,26 +135,31 @@ def inputs(kernel, t, args):
   return (q, k, v, g) + extra, do
 
 
-def _row(kernel, impl, t, args):
-  return dict(kernel=kernel, impl=impl, T=t, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-              dtype=args.dtype, chunk_size=args.chunk_size)
+def _row(kernel, impl, t, args, documents=None):
+  return dict(kernel=kernel, impl=impl, T=t, documents=documents, batch=args.batch, heads=args.heads,
+              head_dim=args.head_dim, dtype=args.dtype, chunk_size=args.chunk_size)
 
 
-def measure(kernel, t, impl, args):
+def measure(kernel, t, impl, args, documents=None):
+  """One row: fwd (and fwd+bwd) of `kernel` by `impl`, on rows of documents of `documents` tokens (None:
+  unmasked)."""
   fn = KERNELS[kernel]
   xs, do = inputs(kernel, t, args)
-  fwd = lambda *xs: fn(*xs, chunk_size=args.chunk_size, implementation=impl)
+  # The segment ids are an argument of the timed program, as in training (not a constant folded into it).
+  seg = None if documents is None else jnp.asarray(bench_documents.segment_ids(args.batch, t, documents))
+  fwd = lambda xs, seg: fn(*xs, segment_ids=seg, chunk_size=args.chunk_size, implementation=impl)
 
-  def fwd_bwd(xs, do):
-    (_, s), vjp = jax.vjp(fwd, *xs)
+  def fwd_bwd(xs, seg, do):
+    (_, s), vjp = jax.vjp(lambda *xs: fwd(xs, seg), *xs)
     return vjp((do, jnp.zeros_like(s)))
 
   def run(row):
-    row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, xs, args.repeats, args.min_seconds)
+    row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (xs, seg), args.repeats, args.min_seconds)
     if not args.no_bwd:
-      row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (xs, do), args.repeats, args.min_seconds)
+      row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = timing.timed(fwd_bwd, (xs, seg, do), args.repeats,
+                                                                 args.min_seconds)
 
-  return timing.measured(_row(kernel, impl, t, args), args.timeout, run)
+  return timing.measured(_row(kernel, impl, t, args, documents), args.timeout, run)
 
 
 def _torch_ms(fn, repeats, min_seconds):
@@ -160,8 +178,16 @@ def _torch_ms(fn, repeats, min_seconds):
   return first_s, 1e3 * statistics.median(times)
 
 
-def measure_fla(kernel, name, t, args):
-  """fla's PyTorch/Triton kernel on the same shapes (fresh torch inputs of the same distribution)."""
+def fla_cu_seqlens(batch, t, documents):
+  """fla's varlen boundaries of `batch` rows of `t` tokens cut into documents of `documents` tokens, the rows laid
+  end to end as one: [0, ..., batch * t]."""
+  lengths = bench_documents.lengths(t, documents) * batch
+  return [0] + [int(x) for x in np.cumsum(lengths)]
+
+
+def measure_fla(kernel, name, t, args, documents=None):
+  """fla's PyTorch/Triton kernel on the same shapes (fresh torch inputs of the same distribution); with
+  `documents`, its varlen form: the batch as one row of B * T tokens with `cu_seqlens` at every document."""
 
   def run(row):
     import torch  # pylint: disable=import-outside-toplevel
@@ -169,6 +195,10 @@ def measure_fla(kernel, name, t, args):
     from fla import ops  # pylint: disable=import-outside-toplevel
     chunk_o.TRITON_ABOVE_3_7_1 = True  # Timing only: see FLA_NOTE.
     b, h, d = args.batch, args.heads, args.head_dim
+    varlen = {}
+    if documents is not None:
+      varlen = dict(cu_seqlens=torch.tensor(fla_cu_seqlens(b, t, documents), dtype=torch.long, device='cuda'))
+      b, t = 1, b * t
     dt = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[args.dtype]
     gen = torch.Generator(device='cuda').manual_seed(0)
     randn = lambda *s: torch.randn(*s, device='cuda', dtype=dt, generator=gen)
@@ -180,14 +210,16 @@ def measure_fla(kernel, name, t, args):
     if name == 'chunk_simple_gla':
       g.requires_grad_()
       leaves.append(g)
-      call = lambda: ops.simple_gla.chunk_simple_gla(q, k, v, g=g, scale=d**-0.5)[0]
+      call = lambda: ops.simple_gla.chunk_simple_gla(q, k, v, g=g, scale=d**-0.5, **varlen)[0]
     elif name == 'chunk_lightning_attn':
-      call = lambda: ops.lightning_attn.chunk_lightning_attn(q, k, v, layer_idx=0, num_layers=2, scale=d**-0.5)[0]
+      call = lambda: ops.lightning_attn.chunk_lightning_attn(q, k, v, layer_idx=0, num_layers=2, scale=d**-0.5,
+                                                             **varlen)[0]
     else:
       g.requires_grad_()
       beta.requires_grad_()
       leaves += [g, beta]
-      call = lambda: ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, scale=d**-0.5)[0]
+      call = lambda: ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, scale=d**-0.5,
+                                                                 **varlen)[0]
     row['note'] = FLA_NOTE
     with torch.no_grad():
       row['fwd_compile_s'], row['fwd_ms'] = _torch_ms(call, args.repeats, args.min_seconds)
@@ -195,26 +227,29 @@ def measure_fla(kernel, name, t, args):
       row['fwd_bwd_compile_s'], row['fwd_bwd_ms'] = _torch_ms(lambda: torch.autograd.grad(call(), leaves, do),
                                                               args.repeats, args.min_seconds)
 
-  return timing.measured(_row(kernel, f'fla:{name}', t, args), args.timeout, run)
+  return timing.measured(_row(kernel, f'fla:{name}', t, args, documents), args.timeout, run)
 
 
 def add_ratios(rows, baseline, ceiling):
-  """Growth from each T to the next, baseline ms / this ms (above 1 is faster), fla ms / this ms, TF/s, GB/s and the
-  fraction of the same-run copy bandwidth."""
+  """Growth from each T to the next, baseline ms / this ms (above 1 is faster), fla ms / this ms (fla on the same
+  documents), a masked row's speed against the unmasked call of its implementation (`*_vs_unmasked`), TF/s, GB/s
+  and the fraction of the same-run copy bandwidth."""
   groups = {}
   for row in rows:
-    groups.setdefault((row['kernel'], row['impl']), []).append(row)
+    groups.setdefault((row['kernel'], row['impl'], row.get('documents')), []).append(row)
   for group in groups.values():
     group.sort(key=lambda r: r['T'])
     for prev, row in zip(group, group[1:]):
       for m in ('fwd', 'fwd_bwd'):
         if f'{m}_ms' in row and f'{m}_ms' in prev:
           row[f'{m}_growth'] = row[f'{m}_ms'] / prev[f'{m}_ms']
-  base = {(r['kernel'], r['T']): r for r in rows if r['impl'] == baseline}
+  key = lambda r: (r['kernel'], r['T'], r.get('documents'))
+  base = {key(r): r for r in rows if r['impl'] == baseline}
+  unmasked = {(r['kernel'], r['impl'], r['T']): r for r in rows if r.get('documents') is None}
   fla = {}
   for r in rows:
     if r['impl'].startswith('fla:') and 'error' not in r:
-      fla.setdefault((r['kernel'], r['T']), r)  # The first fla variant listed is the anchor.
+      fla.setdefault(key(r), r)  # The first fla variant listed is the anchor.
   for row in rows:
     for m in ('fwd', 'fwd_bwd'):
       ms = row.get(f'{m}_ms')
@@ -225,10 +260,11 @@ def add_ratios(rows, baseline, ceiling):
       row[f'{m}_gbs'] = model_bytes(row['kernel'], row['T'], _Args(row), m == 'fwd_bwd') / ms / 1e6
       if ceiling:
         row[f'{m}_of_copy'] = row[f'{m}_gbs'] / ceiling['copy_gbs']
-      for key, ref in (('speedup', base.get((row['kernel'], row['T']), {})),
-                       ('vs_fla', fla.get((row['kernel'], row['T']), {}))):
+      plain = unmasked.get((row['kernel'], row['impl'], row['T']), {}) if row.get('documents') else {}
+      for name, ref in (('speedup', base.get(key(row), {})), ('vs_fla', fla.get(key(row), {})),
+                        ('vs_unmasked', plain)):
         if f'{m}_ms' in ref:
-          row[f'{m}_{key}'] = ref[f'{m}_ms'] / ms
+          row[f'{m}_{name}'] = ref[f'{m}_ms'] / ms
 
 
 class _Args:
@@ -240,30 +276,37 @@ class _Args:
 
 
 def table(rows, baseline):
-  cols = ['kernel', 'impl', 'T', 'fwd ms', 'TF/s', 'GB/s', 'of copy', f'vs {baseline}', 'vs fla', 'fwd+bwd ms',
-          'TF/s', f'vs {baseline}', 'vs fla', 'growth', 'compile s']
+  masked = any(r.get('documents') for r in rows)
+  cols = ['kernel', 'impl', 'T', 'docs', 'fwd ms', 'TF/s', 'GB/s', 'of copy', f'vs {baseline}', 'vs fla',
+          *(['vs unmasked'] if masked else []), 'fwd+bwd ms', 'TF/s', f'vs {baseline}', 'vs fla',
+          *(['vs unmasked'] if masked else []), 'growth', 'compile s']
   f = lambda x, spec: '' if x is None else format(x, spec)
   lines = ['| ' + ' | '.join(cols) + ' |', '|' + ' --- |' * len(cols)]
   for r in rows:
-    cells = [r['kernel'], r['impl'], str(r['T'])]
+    cells = [r['kernel'], r['impl'], str(r['T']), str(r.get('documents') or '')]
     if 'error' in r:
-      cells += [timing.headline(r['error'], 80)] + [''] * (len(cols) - 4)
+      cells += [timing.headline(r['error'], 80)] + [''] * (len(cols) - 5)
     else:
-      cells += [f(r.get('fwd_ms'), '.3f'), f(r.get('fwd_tflops'), '.1f'), f(r.get('fwd_gbs'), '.0f'),
-                f(r.get('fwd_of_copy'), '.2f'), f(r.get('fwd_speedup'), '.2f'), f(r.get('fwd_vs_fla'), '.2f'),
-                f(r.get('fwd_bwd_ms'), '.3f'), f(r.get('fwd_bwd_tflops'), '.1f'), f(r.get('fwd_bwd_speedup'), '.2f'),
-                f(r.get('fwd_bwd_vs_fla'), '.2f'), f(r.get('fwd_bwd_growth'), '.2f'),
+      for m in ('fwd', 'fwd_bwd'):
+        cells += [f(r.get(f'{m}_ms'), '.3f'), f(r.get(f'{m}_tflops'), '.1f')]
+        if m == 'fwd':
+          cells += [f(r.get('fwd_gbs'), '.0f'), f(r.get('fwd_of_copy'), '.2f')]
+        cells += [f(r.get(f'{m}_speedup'), '.2f'), f(r.get(f'{m}_vs_fla'), '.2f')]
+        if masked:
+          cells.append(f(r.get(f'{m}_vs_unmasked'), '.2f'))
+      cells += [f(r.get('fwd_bwd_growth'), '.2f'),
                 ', '.join(f'{r[k]:.1f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in r)]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
 
 def _line(r):
+  head = f"  {r['kernel']} {r['impl']} T={r['T']}" + (f" documents of {r['documents']}" if r.get('documents') else '')
   if 'error' in r:
-    return f"  {r['kernel']} {r['impl']} T={r['T']}: {timing.headline(r['error'])}"
+    return f"{head}: {timing.headline(r['error'])}"
   parts = [f'{k}={r[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in r]
   parts += [f'{k}={r[k]:.1f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in r]
-  return f"  {r['kernel']} {r['impl']} T={r['T']}: " + ', '.join(parts)
+  return f'{head}: ' + ', '.join(parts)
 
 
 def main(argv=None) -> int:
@@ -286,18 +329,23 @@ def main(argv=None) -> int:
     meta['ceiling'] = ceiling = ceilings(args)
     print(f"  ceilings: {args.dtype} GEMM {ceiling['gemm_n']}^3 {ceiling['gemm_tflops']:.1f} TF/s, "
           f"copy {ceiling['copy_gbs']:.0f} GB/s", flush=True)
+    variants = (None, *(args.documents or ()))  # Unmasked first.
     for kernel in args.kernels:
       for t in args.seq_lens:
         for impl in args.impls:
-          report.add(r := measure(kernel, t, impl, args), _line(r))
+          for documents in variants:
+            report.add(r := measure(kernel, t, impl, args, documents), _line(r))
         for name in FLA[kernel] if args.fla else ():
-          report.add(r := measure_fla(kernel, name, t, args), _line(r))
+          for documents in variants if name in FLA_DOCUMENTS else (None,):
+            report.add(r := measure_fla(kernel, name, t, args, documents), _line(r))
     rows = report.rows()
     add_ratios(rows, args.baseline, ceiling)
     report.write()
     print(table(rows, args.baseline))
     print('vs X: X ms / this ms in the same run (above 1: faster than X); vs fla: the first fla kernel listed per '
-          'kernel; growth: fwd+bwd time ratio to the previous T.' + (f' Note: {FLA_NOTE}.' if args.fla else ''))
+          'kernel (on the same documents); growth: fwd+bwd time ratio to the previous T.'
+          + (' docs: rows of documents of that many tokens; vs unmasked: the same implementation without '
+             'documents.' if args.documents else '') + (f' Note: {FLA_NOTE}.' if args.fla else ''))
     failed += sum('error' in r for r in rows)
   if args.json:
     print(f'wrote {args.json}')

@@ -5,8 +5,11 @@ time goes by layer kind (`python -m hybrid_jax bench step`).
       --steps 5 --set model.remat=full --json out.json
 
 The step is the one training uses (hybrid_jax.train.step, same shardings, state donated) on random tokens, so the
-numbers are the data pipeline's ceiling. Compile time is measured apart from the steps; the step time is the
-median of `--steps` device-synchronised steps after one warm-up step. FLOPs are model FLOPs
+numbers are the data pipeline's ceiling. Its batch follows data.packing as training's does: with 'documents' (the
+default) the rows hold documents of `--documents` tokens (default data.seq_len // 4) with their segment ids,
+positions and target segment ids, so every mixer runs document-masked; with 'concat' only inputs and targets (time
+one against the other with `--set data.packing=concat`). Compile time is measured apart from the steps; the step
+time is the median of `--steps` device-synchronised steps after one warm-up step. FLOPs are model FLOPs
 (hybrid_jax.models.flops: window- and chunk-aware, training = 3 x forward, no remat recompute), so MFU is honest
 for hybrids. XLA's own count of the compiled step is reported beside it for reference: it includes remat
 recompute, the optimizer and elementwise work, and counts a loop body (scanned layers, scan-over-chunks) once.
@@ -32,7 +35,7 @@ import jax
 import numpy as np
 
 from hybrid_jax import checks, command_line
-from hybrid_jax.bench import profile
+from hybrid_jax.bench import documents as bench_documents, profile
 from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, resolve_spec, validate
 from hybrid_jax.models import flops as flops_lib, pattern
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
@@ -47,6 +50,9 @@ def _parse(argv):
   p.add_argument('--grad_accum', type=checks.POSITIVE_INT, help='override train.grad_accum')
   p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                  help='any config override, repeatable, e.g. --set model.remat=full --set model.scan_layers=False')
+  p.add_argument('--documents', type=checks.POSITIVE_INT, metavar='N',
+                 help="with data.packing='documents' (the default), rows of documents of N tokens (default: "
+                 'data.seq_len // 4)')
   p.add_argument('--steps', type=checks.POSITIVE_INT, default=5, help='timed steady steps (after one warm-up step)')
   p.add_argument('--profile-steps', type=checks.NONNEGATIVE_INT, default=2,
                  help='steps traced by the profiler for the breakdown by part (0 = no breakdown)')
@@ -80,6 +86,33 @@ def load_config(spec, *, seq_len=None, batch_size=None, grad_accum=None, overrid
     except TypeError as e:
       raise ConfigError(f'--set {key}={value!r}: {e}') from e
   return validate(config)
+
+
+def packing(config) -> str:
+  """The batch layout of the config's training (data.packing; configs older than the key: 'concat')."""
+  return str(config.data.get('packing', 'concat'))
+
+
+def document_length(config, documents=None):
+  """Tokens per document of the benchmark's rows: `documents`, or data.seq_len // 4 (at least 1); None where the
+  config trains on concatenated rows (a length given there is refused: it would time nothing)."""
+  if packing(config) != 'documents':
+    if documents is not None:
+      raise ConfigError(f"--documents={documents} needs data.packing='documents'; the config sets "
+                        f'data.packing={packing(config)!r}')
+    return None
+  return int(documents) if documents is not None else max(1, int(config.data.seq_len) // 4)
+
+
+def make_batch(config, rows: int, documents=None) -> dict:
+  """A batch of random tokens of `rows` sequences in the layout of the config's data.packing (the keys of
+  hybrid_jax.train.step.BATCH_KEYS), documents of document_length(config, documents) tokens."""
+  seq_len = int(config.data.seq_len)
+  tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (rows, seq_len + 1), dtype=np.int32)
+  length = document_length(config, documents)
+  if length is None:
+    return {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:]}
+  return bench_documents.batch(tokens, length)
 
 
 def _device_peak_bytes():
@@ -133,26 +166,28 @@ def _compile(config, model_def, tx, shardings, state, batch) -> dict:
 
 
 def compile_only(config) -> dict:
-  """Compiles the step from shapes alone (nothing allocated or run): does it fit, and how long does it compile?"""
+  """Compiles the step from shapes alone (nothing allocated or run): does it fit, and how long does it compile?
+  The batch has the keys of the config's data.packing, as compile-check's."""
   model_def, tx, shardings = _step_setup(config)
   state = state_lib.abstract_train_state(
       state_lib.abstract_initial_state(config.model, config.seed, tx), shardings.state)
   shape = (int(config.train.batch_size), int(config.data.seq_len))
-  tokens = jax.ShapeDtypeStruct(shape, np.int32, sharding=shardings.batch)
-  return _compile(config, model_def, tx, shardings, state, {'inputs': tokens, 'targets': tokens})[1]
+  row = jax.ShapeDtypeStruct(shape, np.int32, sharding=shardings.batch)
+  batch = {key: row for key in step_lib.BATCH_KEYS[packing(config)]}
+  return _compile(config, model_def, tx, shardings, state, batch)[1]
 
 
-def measure_step(config, steps: int, profile_steps: int = 0, trace_dir: str = '') -> dict:
-  """Compile the sharded train step, run 1 + `steps` steps on random tokens, and report times and memory.
+def measure_step(config, steps: int, profile_steps: int = 0, trace_dir: str = '', documents=None) -> dict:
+  """Compile the sharded train step, run 1 + `steps` steps on random tokens (`make_batch`: documents of `documents`
+  tokens where the config trains on documents), and report times and memory.
 
   With `profile_steps` > 0, that many further steps run under the profiler for the breakdown by part.
   """
   t, seq_len = config.train, config.data.seq_len
   model_def, tx, shardings = _step_setup(config)
   state = state_lib.init_sharded_train_state(config.model, config.seed, tx, shardings.state)
-  rows = t.batch_size // jax.process_count()
-  tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (rows, seq_len + 1), dtype=np.int32)
-  batch = distributed.global_batch({'inputs': tokens[:, :-1], 'targets': tokens[:, 1:]}, shardings.batch)
+  batch = distributed.global_batch(make_batch(config, t.batch_size // jax.process_count(), documents),
+                                   shardings.batch)
   compiled, result = _compile(config, model_def, tx, shardings, state, batch)
 
   tic = time.perf_counter()
@@ -217,8 +252,9 @@ def report(result) -> str:
   mem = s['memory_bytes_per_device']
   gib = lambda b: 'n/a' if b is None else f'{b / 2**30:.2f} GiB'
   mfu = f"{100 * s['mfu']:.1f}%" if 'mfu' in s else 'n/a (peak unknown for this device; see train.peak_tflops)'
+  rows = f"documents of {c['documents']} tokens" if c.get('documents') else 'concatenated'
   lines = [
-      f"{c['name']}: {c['seq_len']} tokens x {c['batch_size']} sequences (grad_accum {c['grad_accum']}), "
+      f"{c['name']}: {c['seq_len']} tokens x {c['batch_size']} sequences ({rows}; grad_accum {c['grad_accum']}), "
       f"remat {c['remat']}, scan_layers {c['scan_layers']}, loss_chunk {c['loss_chunk']}, dtype {c['dtype']}, "
       f"on {result['meta']['device_kind']}",
   ]
@@ -260,6 +296,7 @@ def run(args) -> dict:
           'load_average_start': os.getloadavg()[0], 'argv': list(args.argv)}
   m = config.model
   summary = {'name': config.name, 'arch': m.arch, 'scale': m.scale, 'seq_len': config.data.seq_len,
+             'packing': packing(config), 'documents': document_length(config, args.documents),
              'batch_size': config.train.batch_size, 'grad_accum': config.train.grad_accum, 'remat': m.remat,
              'loss_chunk': config.train.loss_chunk,
              'scan_layers': m.scan_layers, 'dtype': m.dtype, 'attention_implementation': m.attention_implementation,
@@ -269,7 +306,7 @@ def run(args) -> dict:
     if args.compile_only:
       step = compile_only(config)
     else:
-      step = measure_step(config, args.steps, args.profile_steps, trace_dir)
+      step = measure_step(config, args.steps, args.profile_steps, trace_dir, args.documents)
   if args.trace_dir is None and 'breakdown' in step:
     step['breakdown']['trace'] = None  # Deleted with its temporary directory.
   result = {'meta': meta, 'config': summary, 'step': step,
@@ -287,7 +324,9 @@ def main(argv=None) -> int:
   if args.dry_run:
     config = load_config(args.config, seq_len=args.seq_len, batch_size=args.batch_size,
                          grad_accum=args.grad_accum, overrides=args.set)
-    print(f'{config.name}: config valid ({config.data.seq_len} x {config.train.batch_size}, grad_accum '
+    length = document_length(config, args.documents)
+    rows = f'documents of {length} tokens' if length else 'concatenated'
+    print(f'{config.name}: config valid ({config.data.seq_len} x {config.train.batch_size}, {rows}, grad_accum '
           f'{config.train.grad_accum}, remat {config.model.remat}, scan_layers {config.model.scan_layers}, '
           f'loss_chunk {config.train.loss_chunk})')
     print(flops_lib.breakdown_markdown(config.model, config.data.seq_len))
