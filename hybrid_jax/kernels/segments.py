@@ -44,13 +44,27 @@ def starts(segment_ids):
   return jnp.concatenate([jnp.zeros_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
 
 
+def _index(seg):
+  return jnp.broadcast_to(jnp.arange(seg.shape[1], dtype=jnp.int32), seg.shape)
+
+
+def first_token(segment_ids):
+  """int32 [B, T]: the index in the row of the first token of each token's document."""
+  seg = jnp.asarray(segment_ids)
+  return jax.lax.cummax(jnp.where(starts(seg), _index(seg), 0), axis=1)
+
+
+def last_token(segment_ids):
+  """int32 [B, T]: the index in the row of the last token of each token's document."""
+  seg = jnp.asarray(segment_ids)
+  ends = jnp.concatenate([seg[:, 1:] != seg[:, :-1], jnp.ones_like(seg[:, :1], bool)], axis=1)
+  return jax.lax.cummin(jnp.where(ends, _index(seg), seg.shape[1] - 1), axis=1, reverse=True)
+
+
 def positions(segment_ids):
   """int32 [B, T]: each token's offset from its document's first token in the row (0 at every start)."""
   seg = jnp.asarray(segment_ids)
-  t = seg.shape[1]
-  index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), seg.shape)
-  first = jax.lax.cummax(jnp.where(starts(seg), index, 0), axis=1)
-  return index - first
+  return _index(seg) - first_token(seg)
 
 
 def reset_log_decay(log_decay, segment_ids):

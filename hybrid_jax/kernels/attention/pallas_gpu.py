@@ -81,14 +81,9 @@ def _documents(segment_ids, tp):
   """(first, last): int32 [B, Tp], the first and last token of each token's document; a document is a run of equal
   ids (any ids: the run index `attention` passes, or raw ids from a direct call), the padding past T one more."""
   seg = jnp.asarray(segment_ids)
-  b, t = seg.shape
-  index = jnp.broadcast_to(jnp.arange(tp, dtype=jnp.int32), (b, tp))
-  pad_start = jnp.broadcast_to(jnp.arange(tp - t) == 0, (b, tp - t))
-  new = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1], pad_start], axis=1)  # Starts.
-  first = lax.cummax(jnp.where(new, index, 0), axis=1)
-  ends = jnp.concatenate([new[:, 1:], jnp.ones((b, 1), bool)], axis=1)
-  last = lax.cummin(jnp.where(ends, index, tp - 1), axis=1, reverse=True)
-  return first, last
+  # The padding's id differs from the last token's (its bitwise complement), so it is a run of its own.
+  seg = jnp.concatenate([seg, jnp.broadcast_to(~seg[:, -1:], (seg.shape[0], tp - seg.shape[1]))], axis=1)
+  return segments.first_token(seg), segments.last_token(seg)
 
 
 def _dot(a, b, *, ta=False, tb=False):
