@@ -73,11 +73,6 @@ def embed(model, tokens):
   return model.embed_tokens(tokens, jnp.float32)
 
 
-def _gather(x, index):
-  """x [B, T, ...] at per-row positions index [B, n] -> [B, n, ...]."""
-  return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
-
-
 def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=None, attention_queries=None,
             residual_positions=None, logit_positions=None, restriction: 'windowed.Restriction | None' = None,
             head_scale=None) -> dict:
@@ -99,7 +94,7 @@ def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=
   x = x.astype(model.dtype)
   rows = jax.ShapeDtypeStruct(x.shape[:2], jnp.int32)  # `resolve` reads only the shape of the tokens.
   positions, segment_ids = documents.resolve(rows, positions, segment_ids)
-  residuals = [] if residual_positions is None else [_gather(x, residual_positions)]
+  residuals = [] if residual_positions is None else [windowed.take_rows(x, residual_positions)]
   attention = {}
   for layer, block in zip(layers(model.cfg), blocks(model)):
     h = block.mixer_input(x)
@@ -110,9 +105,9 @@ def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=
     x = block.add(x, block.mixer_output(y))
     x = block.mlp_branch(x)
     if residual_positions is not None:
-      residuals.append(_gather(x, residual_positions))
+      residuals.append(windowed.take_rows(x, residual_positions))
   if logit_positions is not None:
-    x = _gather(x, logit_positions)
+    x = windowed.take_rows(x, logit_positions)
   logits = model.logits(model.final_norm(x))
   out = {'logits': logits, 'attention': attention}
   if residual_positions is not None:

@@ -126,8 +126,8 @@ def attend(mixer, q, k, v, window, heads: slice, sinks: int, segment_ids=None):
   return o.astype(q.dtype)
 
 
-def _take_rows(x, index):
-  """x [B, T, ...] at per-row indices index [B, ...] -> [B, ..., ...]."""
+def take_rows(x, index):
+  """x [B, T, ...] at per-row positions index [B, ...] -> [B, <index's dims>, ...]."""
   return jax.vmap(lambda row, i: row[i])(x, index)
 
 
@@ -142,11 +142,11 @@ def _document_sinks(q, k, v, window: int, sinks: int, segment_ids, scale=None):
   index = jnp.minimum((jnp.arange(t) - offset)[..., None] + m, t - 1)  # [B, T, S]: the document's first tokens.
   visible = m <= offset[..., None] - window  # The window holds offset - window + 1 .. offset.
   qg = q.reshape(b, t, hkv, hq // hkv, d).astype(stat)  # GQA: a KV head's query heads side by side.
-  logits = jnp.einsum('bthgd,btshd->bthgs', qg, _take_rows(k, index).astype(stat)) * (scale or d ** -0.5)
+  logits = jnp.einsum('bthgd,btshd->bthgs', qg, take_rows(k, index).astype(stat)) * (scale or d ** -0.5)
   logits = jnp.where(visible[:, :, None, None], logits, -jnp.inf)
   lse = jax.nn.logsumexp(logits, axis=-1)
   p = jnp.exp(logits - jnp.where(jnp.isfinite(lse), lse, 0)[..., None])  # All zero in a row without sinks.
-  o = jnp.einsum('bthgs,btshd->bthgd', p, _take_rows(v, index).astype(stat))
+  o = jnp.einsum('bthgs,btshd->bthgd', p, take_rows(v, index).astype(stat))
   return o.reshape(b, t, hq, d), lse.reshape(b, t, hq)
 
 
@@ -209,10 +209,10 @@ def windowed_recurrent(mixer, h, window: int, sinks: int, chunk: int, segment_id
   index = jnp.take_along_axis(index, order, axis=-1)
   valid = jnp.take_along_axis(valid, order, axis=-1)
   # Positions past the chunk's document (or the row) come after all of its own: causal, and their outputs dropped.
-  pieces = jnp.where(valid[..., None], _take_rows(h, jnp.minimum(index, t - 1)), 0)  # [B, n, S + W, d]
+  pieces = jnp.where(valid[..., None], take_rows(h, jnp.minimum(index, t - 1)), 0)  # [B, n, S + W, d]
   out = mixer(pieces.reshape(b * n, sinks + window, d), None).reshape(b, n, sinks + window, d)[:, :, -chunk:]
   rows = starts[..., None] + jnp.arange(chunk)  # [B, n, C]
-  keep = (real[..., None] & (rows < t) & (_take_rows(runs, jnp.minimum(rows, t - 1))
+  keep = (real[..., None] & (rows < t) & (take_rows(runs, jnp.minimum(rows, t - 1))
                                           == jnp.take_along_axis(runs, starts, axis=1)[..., None]))
   return y.at[jnp.arange(b)[:, None, None], jnp.where(keep, rows, t)].set(out, mode='drop')
 
