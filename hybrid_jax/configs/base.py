@@ -185,21 +185,25 @@ def get_config(arg=None):
   e.batches = 8  # Packed held-out batches for the final held-out loss (packed_loss, what training optimises).
 
   # -------------------------------------------------------------------------------------------- parallel
-  # Device mesh ('data', 'fsdp', 'tensor') and how logical axes map onto it (see hybrid_jax.parallel). The
+  # Device mesh ('data', 'fsdp', 'sequence', 'tensor') and how logical axes map onto it (see hybrid_jax.parallel). The
   # defaults give pure data parallelism over every device, which is also right for a single CPU or GPU.
   p = c.parallel = ml_collections.ConfigDict()
   p.data = -1  # Data-parallel ways (replicated params); -1 = the devices the other axes leave.
   p.fsdp = 1  # Fully-sharded data-parallel ways: params and optimizer state split over this axis too.
+  # Sequence (context) parallel ways: every row's tokens split into this many contiguous shards, one per chip,
+  # each mixer exchanging what its math needs (hybrid_jax.parallel.sequence); data.seq_len must divide by it.
+  p.sequence = 1
   p.tensor = 1  # Tensor-parallel ways: attention heads, MLP hidden units and vocabulary split.
   # The Adam moments split over the 'data' axis too (ZeRO-1): less memory per chip, the same update.
   p.shard_optimizer = False
   p.dcn_data = 1  # Multislice: data-parallel ways across slices (over the data-center network); -1 = the rest.
   p.dcn_fsdp = 1  # Multislice: FSDP ways across slices (rarely worth the slow network).
+  p.dcn_sequence = 1  # Multislice: sequence ways across slices (keep 1: its exchanges are every layer's).
   p.dcn_tensor = 1  # Multislice: tensor ways across slices (keep 1: tensor parallelism needs fast links).
   # Logical axis -> comma-separated mesh axes ('' = replicated). One tensor may not use a mesh axis twice.
   r = p.rules = ml_collections.ConfigDict()
   r.batch = 'data,fsdp'  # Batch dimension of inputs and activations.
-  r.seq = ''  # Sequence positions (sequence parallelism off).
+  r.seq = 'sequence'  # Sequence positions (split only when parallel.sequence > 1).
   r.embed = 'fsdp'  # Residual width: the FSDP split of every matrix.
   r.heads = 'tensor'  # Query heads.
   r.kv_heads = 'tensor'  # Key/value heads.

@@ -8,11 +8,13 @@ it returns x untouched, so no model code depends on a mesh.
 
 import contextlib
 import contextvars
+import math
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hybrid_jax.parallel import rules as rules_lib
+from hybrid_jax.parallel import sequence
 
 # Logical axes of the activations the model constrains. The residual width stays unsplit (None): FSDP splits
 # weights by 'embed' and the batch of activations, never both on one tensor.
@@ -43,17 +45,20 @@ def constrain(x, logical_axes):
 
 
 def shard_local(fn, args, in_axes, out_axes, *, tied=()):
-  """`fn(*args)` computed shard by shard (shard_map) over the active mesh, or `fn(*args)` outside `sharded(...)`.
+  """`fn(*args, shards=...)` computed shard by shard (shard_map) over the active mesh, or with `shards=None`
+  outside `sharded(...)`.
 
   Kernels that are custom calls (Pallas, cuDNN) are opaque to GSPMD, which would gather their operands whole onto
   every device; here each device runs the kernel on its own part. Operand i is split by its logical axes
   `in_axes[i]` (None operands pass through whole); an output dimension is split as the input dimensions of the same
   logical name. Logical names in `tied` (e.g. query and kv heads, whose grouping the kernel relies on) are split only
-  when every operand dimension that carries them splits the same way; otherwise they all stay whole.
+  when every operand dimension that carries them splits the same way; otherwise they all stay whole. When the
+  operands' 'seq' dimension is split, `fn` gets the split as `shards` (hybrid_jax.parallel.sequence.Shards) and
+  must exchange what its math needs across it; otherwise `shards` is None and each device holds whole rows.
   """
   active = _ACTIVE.get()
   if active is None:
-    return fn(*args)
+    return fn(*args, shards=None)
   mesh, rules = active
   shape = dict(mesh.shape)
   present = [i for i, a in enumerate(args) if a is not None]
@@ -65,11 +70,15 @@ def shard_local(fn, args, in_axes, out_axes, *, tied=()):
       specs[i] = [None if name in tied else s for s, name in zip(specs[i], in_axes[i])]
   split_of = {name: specs[i][d] for i in present for d, name in enumerate(in_axes[i]) if name is not None}
 
+  seq = split_of.get('seq')
+  shards = None if seq is None else sequence.Shards(seq, math.prod(
+      shape[a] for a in ((seq,) if isinstance(seq, str) else seq)))
+
   def local(*xs):
     full = list(args)
     for i, x in zip(present, xs):
       full[i] = x
-    return fn(*full)
+    return fn(*full, shards=shards)
 
   out_specs = jax.tree.map(lambda axes: P(*(split_of.get(name) for name in axes)), out_axes,
                            is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(n, (str, type(None))) for n in x))

@@ -1,6 +1,6 @@
 """The device mesh from `config.parallel`, and NamedShardings for params, optimizer state and batches.
 
-Mesh axes are always ('data', 'fsdp', 'tensor'); a size of -1 takes the devices the others leave. For multislice
+Mesh axes are always ('data', 'fsdp', 'sequence', 'tensor'); a size of -1 takes the devices the others leave. For multislice
 (several TPU slices joined by the data-center network) the `dcn_*` sizes give the across-slice shape and the
 plain sizes the within-slice shape; the mesh is their product. The same code yields a (1, 1, 1) mesh on one CPU.
 """
@@ -40,12 +40,13 @@ def _resolve(sizes: dict, total: int, what: str) -> dict:
 
 
 def mesh_shape(parallel_cfg, num_devices: int, num_slices: int = 1) -> tuple[dict, dict]:
-  """(within-slice sizes, across-slice sizes) as {'data': n, 'fsdp': n, 'tensor': n}, with -1 resolved."""
+  """(within-slice sizes, across-slice sizes) as {'data': n, 'fsdp': n, 'sequence': n, 'tensor': n}, with -1
+  resolved."""
   p = parallel_cfg
   dcn = _resolve({a: int(p[f'dcn_{a}']) for a in AXES}, num_slices, 'config.parallel.dcn_*')
   if num_devices % num_slices:
     raise MeshError(f'{num_devices} devices do not split into {num_slices} equal slices')
-  ici = _resolve({a: int(p[a]) for a in AXES}, num_devices // num_slices, 'config.parallel.{data,fsdp,tensor}')
+  ici = _resolve({a: int(p[a]) for a in AXES}, num_devices // num_slices, 'config.parallel.{' + ','.join(AXES) + '}')
   return ici, dcn
 
 
@@ -54,7 +55,7 @@ def _num_slices(devices) -> int:
 
 
 def make_mesh(parallel_cfg, devices=None) -> Mesh:
-  """The ('data', 'fsdp', 'tensor') mesh over `devices` (default: all devices of all processes)."""
+  """The ('data', 'fsdp', 'sequence', 'tensor') mesh over `devices` (default: all devices of all processes)."""
   devices = list(jax.devices() if devices is None else devices)
   slices = _num_slices(devices)
   ici, dcn = mesh_shape(parallel_cfg, len(devices), slices)
@@ -201,6 +202,18 @@ def check_batch(train_cfg, mesh_shape_: dict, rules: dict) -> None:
                     f'split over the {ways} batch shards of the mesh ({split}): use a batch of a multiple of '
                     f'{ways * max(1, train_cfg.grad_accum)} rows (e.g. {fits}) or fewer data-parallel ways '
                     '(config.parallel.data / fsdp)')
+
+
+def check_sequence(seq_len: int, mesh_shape_: dict, rules: dict) -> None:
+  """MeshError, before anything compiles, when the mesh axes the sequence is split over (rule `seq`) do not divide
+  data.seq_len; names both numbers."""
+  axes = [a for a in rules.get('seq', ()) if mesh_shape_.get(a, 1) > 1]
+  ways = math.prod(mesh_shape_[a] for a in axes)
+  if seq_len % ways:
+    split = ' x '.join(f'{a} {mesh_shape_[a]}' for a in axes)
+    raise MeshError(f'config.data.seq_len={seq_len} does not split into the {ways} sequence shards of the mesh '
+                    f'({split}): use a length that is a multiple of {ways} or fewer sequence ways '
+                    '(config.parallel.sequence)')
 
 
 def unsplit_warning(model_def, rules: dict, mesh_shape_: dict) -> str | None:

@@ -11,7 +11,7 @@ import dataclasses
 
 from hybrid_jax.errors import UserError
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
+MESH_AXES = ('data', 'fsdp', 'sequence', 'tensor')  # Outer to inner: the inner axes get the nearest chips.
 LOGICAL_AXES = ('batch', 'seq', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'vocab', 'state', 'layers')
 
 

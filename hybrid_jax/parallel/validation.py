@@ -30,6 +30,10 @@ def validate(c) -> None:
   if c.train.batch_size % fixed:
     keys.fail('train.batch_size', c.train.batch_size, f'must be divisible by the batch split of the mesh '
               f'({"*".join(rules["batch"])} = {fixed} at least)')
+  ways = p.sequence * p.dcn_sequence
+  if 'sequence' in rules.get('seq', ()) and ways > 1 and c.data.seq_len % ways:
+    keys.fail('data.seq_len', c.data.seq_len, f'must be divisible by the sequence ways of the mesh '
+              f'(parallel.sequence * parallel.dcn_sequence = {ways})')
   keys.choice(c, 'parallel.distributed.initialize', ('auto', 'always', 'never'))
   keys.choice(c, 'parallel.distributed.cpu_collectives', ('gloo', 'mpi', 'none'))
   for key in ('initialization_timeout_s', 'heartbeat_timeout_s', 'barrier_timeout_s'):

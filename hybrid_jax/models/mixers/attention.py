@@ -24,7 +24,7 @@ from hybrid_jax.models import cache as cache_lib
 from hybrid_jax.models import flops, layers, pattern
 from hybrid_jax.models.layers import checkpoint_name, dtype_of, init_stds, name_heads, param, project_heads, rope
 from hybrid_jax.models.mixers import registry
-from hybrid_jax.parallel import activations
+from hybrid_jax.parallel import activations, sequence
 
 
 class Attention(nnx.Module):
@@ -152,15 +152,26 @@ class Attention(nnx.Module):
     return self.out(o, x), new_state
 
 
-_Q_AXES = ('batch', None, 'heads', None)  # The kernel needs whole sequences: 'seq' is never split here.
-_KV_AXES = ('batch', None, 'kv_heads', None)
-_SEGMENT_AXES = ('batch', None)
+_Q_AXES = ('batch', 'seq', 'heads', None)
+_KV_AXES = ('batch', 'seq', 'kv_heads', None)
+_SEGMENT_AXES = ('batch', 'seq')
 
 
 def _kernel(q, k, v, window, scale, implementation, sinks=0, segment_ids=None):
-  """The attention kernel, per shard of batch and heads when a sharded step is traced."""
-  fn = lambda q, k, v, segment_ids: kernels.attention(q, k, v, window=window, scale=scale, sinks=sinks,
-                                                      segment_ids=segment_ids, implementation=implementation)
+  """The attention kernel, per shard of batch and heads when a sharded step is traced; over a split sequence,
+  with the exchange its window needs (hybrid_jax.parallel.sequence)."""
+  def fn(q, k, v, segment_ids, *, shards):
+    attend = lambda q, k, v, segment_ids: kernels.attention(
+        q, k, v, window=window, scale=scale, sinks=sinks, segment_ids=segment_ids, implementation=implementation)
+    if shards is None or window == 1:
+      return attend(q, k, v, segment_ids)
+    if sinks:
+      raise ValueError('sink positions (receptive-field analyses) need whole rows: run the analysis without a '
+                       'sequence-split mesh')
+    if window is None or window >= q.shape[1] * shards.count:
+      return sequence.full_attention(attend, q, k, v, segment_ids, shards=shards)
+    return sequence.windowed_attention(attend, q, k, v, segment_ids, window=window, shards=shards)
+
   return activations.shard_local(fn, (q, k, v, segment_ids), (_Q_AXES, _KV_AXES, _KV_AXES, _SEGMENT_AXES), _Q_AXES,
                                  tied=('heads', 'kv_heads'))
 

@@ -13,7 +13,7 @@ from flax import nnx
 from hybrid_jax import kernels
 from hybrid_jax.models import layers
 from hybrid_jax.models.layers import checkpoint_name, dtype_of
-from hybrid_jax.parallel import activations
+from hybrid_jax.parallel import activations, sequence
 
 
 def implementation(cfg):
@@ -83,7 +83,7 @@ def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, segment_ids=N
     else:
       o, state = kernels.gated_delta_rule_step(state, q[:, 0], k[:, 0], v[:, 0], g, beta[:, 0], scale=scale)
     return o[:, None], state
-  per_token = lambda x: ('batch', None, 'heads') if x.ndim == 3 else ('heads',)
+  per_token = lambda x: ('batch', 'seq', 'heads') if x.ndim == 3 else ('heads',)
   args = (q, k, v, log_decay, beta, state, segment_ids)
   axes = (_SEQ_AXES, _SEQ_AXES, _SEQ_AXES, per_token(log_decay), beta is not None and per_token(beta), _STATE_AXES,
           _SEGMENT_AXES)
@@ -95,13 +95,20 @@ def scan(q, k, v, log_decay, beta=None, *, scale=None, state=None, segment_ids=N
     return kernels.gated_delta_rule(q, k, v, log_decay, beta, scale=scale, initial_state=state,
                                     chunk_size=chunk_size, segment_ids=segment_ids, implementation=implementation)
 
-  # Per shard of batch and heads when a sharded step is traced (key and value heads split alike or not at all).
-  return activations.shard_local(kernel, args, axes, (_SEQ_AXES, _STATE_AXES), tied=('heads',))
+  def local(q, k, v, log_decay, beta, state, segment_ids, *, shards):
+    if shards is None:
+      return kernel(q, k, v, log_decay, beta, state, segment_ids)
+    return sequence.scan(kernel, q, k, v, log_decay, beta, scale=scale, initial_state=state,
+                         segment_ids=segment_ids, shards=shards)
+
+  # Per shard of batch and heads when a sharded step is traced (key and value heads split alike or not at all), and
+  # of the sequence with the state carried across its shards (the final state is the whole row's on every shard).
+  return activations.shard_local(local, args, axes, (_SEQ_AXES, _STATE_AXES), tied=('heads',))
 
 
-_SEQ_AXES = ('batch', None, 'heads', None)  # q, k [B, T, Hk, K] and v, o [B, T, Hv, V]; whole sequences.
+_SEQ_AXES = ('batch', 'seq', 'heads', None)  # q, k [B, T, Hk, K] and v, o [B, T, Hv, V].
 _STATE_AXES = ('batch', 'heads', None, None)
-_SEGMENT_AXES = ('batch', None)
+_SEGMENT_AXES = ('batch', 'seq')
 
 
 class DecodeMixin:
