@@ -84,3 +84,47 @@ def shard_local(fn, args, in_axes, out_axes, *, tied=()):
                            is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(n, (str, type(None))) for n in x))
   return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(*specs[i]) for i in present), out_specs=out_specs,
                        check_vma=False)(*(args[i] for i in present))
+
+
+def _sequence_split(length: int):
+  """(mesh, mesh axes of the `seq` split, ways) for a sequence of `length` in the active sharded step, or None."""
+  active = _ACTIVE.get()
+  if active is None:
+    return None
+  mesh, rules = active
+  axes = rules_lib.layout('sequence', (1, length), (None, 'seq'), rules, dict(mesh.shape)).spec[1]
+  if axes is None:
+    return None
+  return mesh, axes, math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+
+
+def sequence_ways(length: int) -> int:
+  """Into how many shards the active sharded step splits a sequence of `length` (1: whole rows)."""
+  split = _sequence_split(length)
+  return 1 if split is None else split[2]
+
+
+def sequence_local(fn, args, out_ranks):
+  """`fn(*args, shards=...)` with only the sequence split manual (shard_map over the mesh axes of the `seq` rule,
+  every other axis left to GSPMD), or with `shards=None` when no sharded step splits the sequence.
+
+  For element-wise-in-time layers that need a few neighbouring tokens (short convolutions): each operand is
+  [B, T, ...] split on T; each output of rank 0 < r is split on T, outputs listed with rank -r are whole rows
+  (the same on every shard)."""
+  split = _sequence_split(next(a.shape[1] for a in args if a is not None))
+  if split is None:
+    return fn(*args, shards=None)
+  mesh, axes, ways = split
+  names = (axes,) if isinstance(axes, str) else tuple(axes)
+  shards = sequence.Shards(axes, ways)
+  present = [i for i, a in enumerate(args) if a is not None]
+
+  def local(*xs):
+    full = list(args)
+    for i, x in zip(present, xs):
+      full[i] = x
+    return fn(*full, shards=shards)
+
+  out_specs = tuple(P(None, axes) if r > 0 else P() for r in out_ranks)
+  return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(None, axes) for _ in present), out_specs=out_specs,
+                       axis_names=frozenset(names), check_vma=False)(*(args[i] for i in present))

@@ -18,6 +18,7 @@ communication its math needs and no gather of everything:
   head for the scalar scan; for the delta rule the K x K matrix prod a_t (I - b_t k_t k_t^T), read off the kernel
   run from the identity with zero values) are all-gathered, folded into the state entering each shard, and each
   shard adds that state's contribution to its outputs. The kernels run unchanged (their `initial_state`).
+- **Short convolutions** (`causal_conv`): a halo of the width - 1 inputs before the shard, as the decode state.
 - Documents: segment ids travel with the halo (attention masks) and the one id before each shard says whether
   the shard starts a document, in which case no state enters it.
 """
@@ -108,6 +109,22 @@ def full_attention(attend, q, k, v, segment_ids, *, shards: Shards):
   o = attend(to_heads(q), to_heads(k), to_heads(v), ids)
   o = jax.lax.all_to_all(o, shards.axis, split_axis=1, concat_axis=2, tiled=True)
   return o[:, :, :hq]
+
+
+def causal_conv(conv, x, segment_ids, *, width: int, shards: Shards):
+  """(y, final state of the whole row) of `conv(x, initial_state, segment_ids)` -> (y, state), a causal conv of
+  `width` taps over x [B, S, C], for this shard: the width - 1 inputs before it enter as the initial state, zeroed
+  where they lie in another document than the shard's first token."""
+  if width == 1:
+    return conv(x, None, segment_ids)
+  before = halo(x, width - 1, shards)
+  if segment_ids is not None:
+    ids = jnp.concatenate([halo(segment_ids, width - 1, shards), segment_ids[:, :1]], axis=1)
+    same = jnp.flip(jnp.cumprod(jnp.flip(ids == ids[:, -1:], axis=1), axis=1), axis=1)[:, :-1]
+    before = jnp.where(same[..., None].astype(bool), before, 0)
+  y, state = conv(x, before, segment_ids)
+  last = shards.index() == shards.count - 1
+  return y, jax.lax.psum(jnp.where(last, state, jnp.zeros_like(state)), shards.axis)
 
 
 def starts_document(segment_ids, shards: Shards):

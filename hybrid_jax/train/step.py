@@ -44,16 +44,28 @@ def _head_and_loss(model, h, targets):
 
 
 def _over_chunks(fn, h, per_token, chunk: int):
-  """fn(h [B, C, d], *per_token [B, C]) for every chunk of C positions under remat, its outputs stacked on a
-  leading chunk axis. The last chunk is padded with zeros (callers slice the padding off, or weight it 0)."""
+  """fn(h [B, C', d], *per_token [B, C']) for every chunk under remat, its outputs stacked on a leading chunk axis,
+  and the inverse of the split for per-token outputs [n, B, C'] -> [B, T].
+
+  A chunk is C positions of each sequence shard (C' = C x the shards; one shard without context parallelism), so
+  no token leaves its device. Each shard's last chunk is padded with zeros (callers slice the padding off, or
+  weight it 0)."""
   batch, length = per_token[0].shape
-  n = -(-length // chunk)
-  pad = n * chunk - length
-  if pad:
-    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-    per_token = [jnp.pad(x, ((0, 0), (0, pad))) for x in per_token]
-  split = lambda x: x.reshape(batch, n, chunk, *x.shape[2:]).swapaxes(0, 1)
-  return jax.lax.map(jax.checkpoint(lambda args: fn(*args)), (split(h), *map(split, per_token)))
+  ways = activations.sequence_ways(length)
+  local = length // ways
+  n = -(-local // chunk)
+
+  def split(x):
+    x = x.reshape(batch, ways, local, *x.shape[2:])
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, n * chunk - local)] + [(0, 0)] * (x.ndim - 3))
+    x = jnp.moveaxis(x.reshape(batch, ways, n, chunk, *x.shape[3:]), 2, 0)
+    return x.reshape(n, batch, ways * chunk, *x.shape[4:])
+
+  def unsplit(y):
+    y = jnp.moveaxis(y.reshape(n, batch, ways, chunk), 0, 2).reshape(batch, ways, n * chunk)
+    return y[:, :, :local].reshape(batch, length)
+
+  return jax.lax.map(jax.checkpoint(lambda args: fn(*args)), (split(h), *map(split, per_token))), unsplit
 
 
 def sequence_nll(model, tokens, targets, chunk: int = 0, *, positions=None, segment_ids=None):
@@ -69,9 +81,8 @@ def sequence_nll(model, tokens, targets, chunk: int = 0, *, positions=None, segm
   batch, length = targets.shape
   if not chunk or chunk >= length:
     return _head_and_loss(model, h, targets)
-  nll, log_z = _over_chunks(functools.partial(_head_and_loss, model), h, (targets,), chunk)
-  unchunk = lambda x: x.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-  return unchunk(nll), unchunk(log_z)
+  (nll, log_z), unsplit = _over_chunks(functools.partial(_head_and_loss, model), h, (targets,), chunk)
+  return unsplit(nll), unsplit(log_z)
 
 
 def weighted_loss_sums(model, tokens, targets, weights, chunk: int = 0, *, positions=None, segment_ids=None):
@@ -88,7 +99,7 @@ def weighted_loss_sums(model, tokens, targets, weights, chunk: int = 0, *, posit
   h = model.hidden_states(tokens, positions, segment_ids)
   if not chunk or chunk >= targets.shape[1]:
     return sums(h, targets, weights)
-  nll, z = _over_chunks(sums, h, (targets, weights), chunk)
+  (nll, z), _ = _over_chunks(sums, h, (targets, weights), chunk)
   return jnp.sum(nll), jnp.sum(z)
 
 

@@ -62,8 +62,15 @@ def causal_conv_silu(x, weight, dtype, state=None, bias=None, segment_ids=None):
   if state is not None and t == 1:
     y, state = kernels.causal_conv1d_step(state, flat[:, 0], w)
     y = y[:, None]
-  else:
+  elif state is not None:  # A prompt continuing a decode state: whole rows.
     y, state = kernels.causal_conv1d(flat, w, initial_state=state, segment_ids=segment_ids)
+  else:  # Training and scoring: over a split sequence, with the halo the taps need.
+    def conv(x, ids, *, shards):
+      run = lambda x, before, ids: kernels.causal_conv1d(x, w, initial_state=before, segment_ids=ids)
+      return run(x, None, ids) if shards is None else sequence.causal_conv(run, x, ids, width=w.shape[0],
+                                                                          shards=shards)
+
+    y, state = activations.sequence_local(conv, (flat, segment_ids), (3, -3))
   if bias is not None:
     y = y + bias.astype(y.dtype)
   return jax.nn.silu(y).reshape(x.shape), state

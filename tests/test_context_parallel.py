@@ -1,0 +1,116 @@
+"""Context parallelism: a row split over the 'sequence' mesh axis computes what the whole row computes.
+
+For every arch of the study grid, on 8 fake CPU devices with sequence 2 (beside data 4), 4 (beside fsdp 2) and 8,
+the sharded forward logits and parameter gradients equal the unsharded ones (float32, relative error <= 1e-5), on
+packed rows whose documents cross shard boundaries (one starts exactly at one) with a window
+of 24 tokens, three shards long at sequence 8. The Pallas kernels run interpreted inside the shard map. All cases
+run in one interpreter (the device count is fixed when jax starts).
+"""
+
+import json
+
+import pytest
+
+from hybrid_jax import config as config_lib
+from hybrid_jax.configs import hybrid
+from hybrid_jax.errors import ConfigError
+from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+from tests.conftest import small_config
+from tests.test_parallel import run_with_devices
+
+TOLERANCE = 1e-5
+MESHES = ((4, 1, 2, 1), (1, 2, 4, 1), (1, 1, 8, 1))  # data, fsdp, sequence, tensor
+PALLAS_ARCHES = ('swa128', 'full', 'lightning', 'mamba2', 'gdn')
+
+_SCRIPT = '''
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from hybrid_jax.parallel import activations, mesh as mesh_lib, rules as rules_lib
+from hybrid_jax.train import state as state_lib
+from tests.conftest import small_config
+
+def segment_ids(b, t, rng):
+  ids = np.cumsum(rng.random((b, t)) < 0.1, axis=1)
+  ids[:, t // 4:] += 1  # A document starts exactly at a shard boundary of sequence 4 and 8.
+  ids[:, t // 2] = ids[:, t // 2 - 1]  # One crosses the boundary of sequence 2.
+  ids[:, t // 2 + 1:] = np.maximum(ids[:, t // 2 + 1:], ids[:, t // 2:t // 2 + 1])
+  return jnp.asarray(ids, jnp.int32)
+
+def case(arch, meshes, implementation):
+  c = small_config(arch, dtype='float32', window=24, num_layers=max(2, len(small_config(arch).model.cycle)))
+  c.model.attention_implementation = c.model.recurrent_implementation = implementation
+  model_def, params = state_lib.init_model(c.model, 0)
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, c.model.vocab_size, (2, 64)), jnp.int32)
+  seg = segment_ids(2, 64, rng)
+  ramp = jnp.asarray(rng.normal(size=(2, 64, c.model.vocab_size)), jnp.float32)
+
+  def loss(p):
+    logits = model_def.bind(p)(tokens, None, seg)
+    return jnp.sum(logits * ramp), logits
+
+  (_, want), want_grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  for shape in meshes:
+    c.parallel.data, c.parallel.fsdp, c.parallel.sequence, c.parallel.tensor = shape
+    mesh, rules = mesh_lib.make_mesh(c.parallel), rules_lib.parse_rules(c.parallel.rules)
+
+    def sharded(p):
+      with activations.sharded(mesh, rules):
+        return jax.value_and_grad(loss, has_aux=True)(p)
+
+    (_, got), grads = jax.jit(sharded)(params)
+    rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(a)))
+    print(json.dumps({'arch': arch, 'implementation': implementation, 'mesh': shape, 'logits': rel(want, got),
+                      'grads': max(rel(a, b) for a, b in zip(jax.tree.leaves(want_grads), jax.tree.leaves(grads)))}),
+          flush=True)
+
+for arch, meshes, implementation in json.loads(sys.argv[1]):
+  case(arch, [tuple(m) for m in meshes], implementation)
+'''
+
+
+def _run(cases) -> list[dict]:
+  out = run_with_devices(8, f'import sys; sys.argv = ["", {json.dumps(json.dumps(cases))}]\n' + _SCRIPT)
+  return [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+
+
+@pytest.fixture(scope='module')
+def results():
+  cases = [(arch, MESHES, 'auto') for arch in sorted(hybrid.ARCHES)]
+  cases += [(arch, [MESHES[1]], impl) for impl in ('pallas_tpu', 'pallas_gpu') for arch in PALLAS_ARCHES]
+  return _run(cases)
+
+
+def _rows(results, arch, implementation):
+  rows = [r for r in results if r['arch'] == arch and r['implementation'] == implementation]
+  assert rows, f'no result for {arch} ({implementation})'
+  return rows
+
+
+@pytest.mark.parametrize('arch', sorted(hybrid.ARCHES))
+def test_every_study_arch_over_a_split_sequence_equals_the_whole_row(results, arch):
+  rows = _rows(results, arch, 'auto')
+  assert sorted(tuple(r['mesh']) for r in rows) == sorted(MESHES)
+  for r in rows:
+    assert r['logits'] <= TOLERANCE and r['grads'] <= TOLERANCE, r
+
+
+@pytest.mark.parametrize('implementation', ['pallas_tpu', 'pallas_gpu'])
+@pytest.mark.parametrize('arch', PALLAS_ARCHES)
+def test_the_pallas_kernels_interpreted_inside_the_shard_map(results, arch, implementation):
+  for r in _rows(results, arch, implementation):
+    assert r['logits'] <= TOLERANCE and r['grads'] <= TOLERANCE, r
+
+
+def test_a_length_the_sequence_axis_does_not_divide_is_one_line():
+  c = small_config('gdn')
+  c.parallel.data, c.parallel.sequence = 1, 3
+  with pytest.raises(ConfigError) as error:
+    config_lib.validate(c)
+  assert 'data.seq_len' in str(error.value) and '64' in str(error.value) and '3' in str(error.value)
+  assert '\n' not in str(error.value)
+  rules = rules_lib.parse_rules(c.parallel.rules)
+  with pytest.raises(mesh_lib.MeshError) as error:
+    mesh_lib.check_sequence(100, {'data': 1, 'fsdp': 1, 'sequence': 8, 'tensor': 1}, rules)
+  assert 'seq_len=100' in str(error.value) and '8 sequence shards' in str(error.value)
+  mesh_lib.check_sequence(96, {'data': 1, 'fsdp': 1, 'sequence': 8, 'tensor': 1}, rules)
