@@ -260,3 +260,39 @@ def test_a_gpu_kernel_refuses_a_tpu_target():
   q = jnp.zeros((1, 128, 2, 64), jnp.float32)
   with platform.targeting('tpu'), pytest.raises(RuntimeError, match="needs a GPU target"):
     kernels.attention(q, q, q, implementation='pallas_gpu')
+
+
+def collectives(text, op):
+  """The result shapes (dims, dtype) of every `op` collective (collective_permute, all_to_all, all_gather) in a
+  lowered program."""
+  lines = [line for line in text.splitlines() if f'stablehlo.{op}' in line]
+  return [(tuple(int(n) for n in dims.split('x')), dtype) for line in lines
+          for dims, dtype in re.findall(r'tensor<([\dx]+)x([a-z]+\d*)>', line.split('->')[-1])]
+
+
+@pytest.mark.parametrize('arch', DOCUMENT_ARCHES + ['full'])
+def test_a_split_sequence_compiles_for_tpu_with_each_mixers_exchange(arch, tpu_devices):
+  """Context parallelism (data 2 x sequence 2) on packed documents: the Mosaic kernels run per shard, and each
+  mixer exchanges what its design says, no more: SWA and the short convs collective-permute a halo of about a
+  window (never T tokens), full attention goes all-to-all by heads, the scans all-gather their [B, H, K, V]
+  states, and no floating-point tensor is all-gathered over the sequence."""
+  config = tiny(arch)
+  config.parallel.update(dict(data=2, fsdp=1, sequence=2))
+  train, _ = lowered_steps(validate(config), tpu_devices, packing='documents')
+  text = train.as_text()
+  assert KERNEL in text and not has_dense_scores(text), arch
+  halo = 128  # window 64 - 1, rounded up to the kernels' block granularity (parallel/sequence.py)
+  permuted = [dims for dims, dtype in collectives(text, 'collective_permute') if len(dims) >= 3]
+  assert all(dims[1] <= halo for dims in permuted), (arch, permuted)
+  kinds = set(config.model.cycle)
+  if kinds & {'swa', 'headwise'}:
+    assert any(dims[1] == halo for dims in permuted), (arch, permuted)
+  if kinds & {'mamba2', 'gdn'}:
+    assert any(dims[1] == config.model[next(iter(kinds & {'mamba2', 'gdn'}))].conv_width - 1 for dims in permuted)
+  if kinds & {'full', 'headwise'}:
+    assert collectives(text, 'all_to_all'), arch
+  gathered = [(dims, dtype) for dims, dtype in collectives(text, 'all_gather') if dtype.startswith(('f', 'bf'))]
+  assert all(T // 2 not in dims and T not in dims for dims, _ in gathered), (arch, gathered)
+  if kinds & {'lightning', 'mamba2', 'gdn'}:
+    assert any(len(dims) == 5 and dims[0] == 2 for dims, _ in gathered), (arch, gathered)  # [shards, B, H, K, V]
+  assert train.compile().memory_analysis().temp_size_in_bytes > 0, arch
