@@ -8,6 +8,7 @@ run in one interpreter (the device count is fixed when jax starts).
 """
 
 import json
+import shutil
 
 import pytest
 
@@ -114,3 +115,37 @@ def test_a_length_the_sequence_axis_does_not_divide_is_one_line():
     mesh_lib.check_sequence(100, {'data': 1, 'fsdp': 1, 'sequence': 8, 'tensor': 1}, rules)
   assert 'seq_len=100' in str(error.value) and '8 sequence shards' in str(error.value)
   mesh_lib.check_sequence(96, {'data': 1, 'fsdp': 1, 'sequence': 8, 'tensor': 1}, rules)
+
+
+_TRAIN = '''
+import json, sys
+from hybrid_jax import training
+from hybrid_jax.train import metrics
+from tests.conftest import small_config
+workdir, shape, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+c = small_config('gdn', dtype='float32')
+c.train.update(dict(batch_size=4, steps=steps, checkpoint_every=3, async_checkpointing=False, loss_chunk=16))
+c.parallel.data, c.parallel.fsdp, c.parallel.sequence, c.parallel.tensor = shape
+result = training.train(c, workdir)
+losses = {r['step']: r['loss'] for r in metrics.read_jsonl(workdir + '/metrics.jsonl') if r['kind'] == 'train'}
+print(json.dumps({'resumed_from': result['resumed_from'], 'mesh': result['mesh'], 'losses': losses}))
+'''
+
+
+def _train(n_devices, workdir, shape, steps):
+  code = _TRAIN.replace('sys.argv[1]', repr(str(workdir))).replace('sys.argv[2]', repr(json.dumps(shape)))
+  return json.loads(run_with_devices(n_devices, code.replace('sys.argv[3]', str(steps))).splitlines()[-1])
+
+
+def test_training_over_a_split_sequence_resumes_on_one_device_with_the_same_losses(tmp_path):
+  """The trainer on data 2 x sequence 4 (packed documents, chunked loss) checkpoints at step 3; one device resumed
+  from it trains steps 4-6 to the same losses, so the batches, the loss and the update are the whole row's."""
+  reference = _train(8, tmp_path / 'ref', [2, 1, 4, 1], 6)
+  assert reference['mesh'] == {'data': 2, 'fsdp': 1, 'sequence': 4, 'tensor': 1}
+  workdir = tmp_path / 'on1'
+  shutil.copytree(tmp_path / 'ref', workdir)
+  shutil.rmtree(workdir / 'checkpoints' / '6')
+  got = _train(1, workdir, [1, 1, 1, 1], 6)
+  assert got['resumed_from'] == 3
+  for step in ('4', '5', '6'):
+    assert abs(got['losses'][step] - reference['losses'][step]) < 1e-5, (step, got, reference)

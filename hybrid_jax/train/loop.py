@@ -148,6 +148,7 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   mesh = mesh_lib.make_mesh(config.parallel)
   rules = rules_lib.parse_rules(config.parallel.rules)
   mesh_lib.check_batch(t, dict(mesh.shape), rules)
+  mesh_lib.check_sequence(config.data.seq_len, dict(mesh.shape), rules)
   model_def = state_lib.make_model_def(config.model)
   unsplit = mesh_lib.unsplit_warning(model_def, rules, dict(mesh.shape))
   if unsplit and lead:
