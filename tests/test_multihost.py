@@ -211,7 +211,7 @@ def test_two_processes_match_one_and_resume_after_restart(tmp_path):
                      tmp_path)
   assert [p.wait(timeout=900) for p in procs] == [0, 0], _log(tmp_path, 0)[-3000:] + _log(tmp_path, 1)[-3000:]
   report = json.loads((workdir / 'report.json').read_text())
-  assert report['processes'] == 2 and report['mesh'] == {'data': 2, 'fsdp': 1, 'tensor': 1}
+  assert report['processes'] == 2 and report['mesh'] == {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1}
   lease = workdir_lock.read_lease(workdir)  # Process 0 alone held the workdir, for both.
   assert lease['pid'] == procs[0].pid and lease['state'] == 'released'
   got, expected = _losses(workdir), _reference_losses(6, 2)
@@ -227,6 +227,21 @@ def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   longer = _reference_losses(8, 2)
   got = _losses(workdir)
   assert max(abs(got[s] - longer[s]) for s in (7, 8)) < 1e-5
+
+
+@pytest.mark.slow
+def test_two_processes_splitting_the_sequence_read_the_same_rows(tmp_path):
+  """data 1 x sequence 2 over two processes of one device each: both hold every row of the batch (half of its
+  tokens each), so both read the same rows, and the losses are those of one process reading alone."""
+  workdir = tmp_path / 'run'
+  procs = _processes(2, train_command(workdir, '--config.train.steps=4', '--config.parallel.data=1',
+                                      '--config.parallel.sequence=2')[3:], tmp_path)
+  assert [p.wait(timeout=900) for p in procs] == [0, 0], _log(tmp_path, 0)[-3000:] + _log(tmp_path, 1)[-3000:]
+  report = json.loads((workdir / 'report.json').read_text())
+  assert report['mesh'] == {'data': 1, 'fsdp': 1, 'sequence': 2, 'tensor': 1}
+  got, expected = _losses(workdir), _reference_losses(4, 1)
+  assert sorted(got) == list(range(1, 5))
+  assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
 
 
 @pytest.mark.slow

@@ -186,8 +186,9 @@ def measure_step(config, steps: int, profile_steps: int = 0, trace_dir: str = ''
   t, seq_len = config.train, config.data.seq_len
   model_def, tx, shardings = _step_setup(config)
   state = state_lib.init_sharded_train_state(config.model, config.seed, tx, shardings.state)
-  batch = distributed.global_batch(make_batch(config, t.batch_size // jax.process_count(), documents),
-                                   shardings.batch)
+  readers = distributed.batch_readers(shardings.batch, (t.batch_size, seq_len))[1]
+  batch = distributed.global_batch(make_batch(config, t.batch_size // readers, documents), shardings.batch,
+                                   t.batch_size)
   compiled, result = _compile(config, model_def, tx, shardings, state, batch)
 
   tic = time.perf_counter()

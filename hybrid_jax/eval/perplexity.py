@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from hybrid_jax.parallel import distributed
 from hybrid_jax.train import step as step_lib
 
 
@@ -31,7 +32,7 @@ def evaluate_packed(eval_step, params, batches) -> dict:
   total, tokens = 0.0, 0
   for batch in batches:
     nll = np.asarray(eval_step(params, batch), np.float64)
-    weights = step_lib.target_weights(batch)
+    weights = step_lib.target_weights({k: distributed.host_array(v) for k, v in batch.items()})
     if weights is None:
       total, tokens = total + nll.sum(), tokens + nll.size
     else:

@@ -110,9 +110,38 @@ def check_same_config(config, timeout_s: int, *, tag: str = 'config') -> None:
                            + '. Launch every process with the same config file and overrides.')
 
 
-def global_batch(local_batch: dict, sharding) -> dict:
-  """One global array per field from this process's rows (batch_size // process_count of them)."""
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
+def batch_readers(sharding, global_shape) -> tuple[int, int]:
+  """(this process's reader index, readers) of a global batch laid out by `sharding`: each process reads the
+  contiguous block of rows its devices hold, and processes that hold the same rows (a mesh axis that does not
+  split the batch, such as 'sequence' or 'tensor', spanning hosts) read the same ones. Pure data parallelism over
+  one device per process or more gives (process_index, process_count)."""
+  held = {}
+  for device, index in sharding.devices_indices_map(tuple(global_shape)).items():
+    start, stop, _ = index[0].indices(global_shape[0])
+    held.setdefault(device.process_index, set()).update(range(start, stop))
+  blocks = {p: (min(rows), max(rows) + 1) for p, rows in held.items()}
+  distinct = sorted(set(blocks.values()))
+  sizes = {stop - start for start, stop in distinct}
+  if (any(len(rows) != blocks[p][1] - blocks[p][0] for p, rows in held.items()) or len(sizes) != 1
+      or sum(sizes) * len(distinct) != global_shape[0]):
+    raise DistributedError(f'the batch layout {sharding.spec} gives the processes rows {sorted(blocks.items())} of '
+                           f'{global_shape[0]}: each process must hold one equal, contiguous block (put the mesh axes '
+                           'that split the batch outermost)')
+  return distinct.index(blocks[jax.process_index()]), len(distinct)
+
+
+def global_batch(local_batch: dict, sharding, batch_size: int) -> dict:
+  """One global array of `batch_size` rows per field from this process's rows (its `batch_readers` block)."""
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v), (batch_size,) + np.shape(v)[1:])
+          for k, v in local_batch.items()}
+
+
+def host_array(x) -> np.ndarray:
+  """The whole of a (possibly multi-process) jax array on this host, or a NumPy array as it is."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
 
 
 def replicated_batch(batch: dict, sharding) -> dict:

@@ -156,7 +156,8 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
   tx = optim.make_optimizer(t)
   shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules,
                                        bool(config.parallel.shard_optimizer))
-  data_iter = iter(make_train_dataset(config, process_index=jax.process_index(), process_count=jax.process_count()))
+  reader, readers = distributed.batch_readers(shardings.batch, (t.batch_size, config.data.seq_len))
+  data_iter = iter(make_train_dataset(config, process_index=reader, process_count=readers))
   ckpt = checkpoint.Checkpointer(workdir / 'checkpoints', keep=t.keep_checkpoints, async_save=t.async_checkpointing)
   abstract = state_lib.abstract_train_state(state_lib.abstract_initial_state(config.model, config.seed, tx),
                                             shardings.state)
@@ -191,7 +192,7 @@ def _train(config, workdir: pathlib.Path, session: session_lib.Session, make_hoo
     with _stop_on_sigterm() as stop:
       step = start
       while step < t.steps:
-        batch = distributed.global_batch(next(data_iter), shardings.batch)
+        batch = distributed.global_batch(next(data_iter), shardings.batch, t.batch_size)
         for hook in hooks:
           hook.before_step(step)
         tic = time.perf_counter()
