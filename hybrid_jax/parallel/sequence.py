@@ -123,8 +123,10 @@ def causal_conv(conv, x, segment_ids, *, width: int, shards: Shards):
     same = jnp.flip(jnp.cumprod(jnp.flip(ids == ids[:, -1:], axis=1), axis=1), axis=1)[:, :-1]
     before = jnp.where(same[..., None].astype(bool), before, 0)
   y, state = conv(x, before, segment_ids)
-  last = shards.index() == shards.count - 1
-  return y, jax.lax.psum(jnp.where(last, state, jnp.zeros_like(state)), shards.axis)
+  # The row's final state is the last shard's; the sum (in float32: XLA's CPU all-reduce fails on bfloat16 inside
+  # a partly manual shard_map) adds only zeros to it.
+  last = jnp.where(shards.index() == shards.count - 1, state, 0).astype(jnp.float32)
+  return y, jax.lax.psum(last, shards.axis).astype(state.dtype)
 
 
 def starts_document(segment_ids, shards: Shards):

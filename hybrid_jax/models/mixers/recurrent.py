@@ -65,8 +65,12 @@ def causal_conv_silu(x, weight, dtype, state=None, bias=None, segment_ids=None):
   elif state is not None:  # A prompt continuing a decode state: whole rows.
     y, state = kernels.causal_conv1d(flat, w, initial_state=state, segment_ids=segment_ids)
   else:  # Training and scoring: over a split sequence, with the halo the taps need.
+    # The taps run in float32 whatever w's dtype (so float32 w computes the same), and the gradient of a weight
+    # shared by the shards is summed across them in float32 (XLA's CPU all-reduce fails on bfloat16 there).
+    w32 = w.astype(jnp.float32)
+
     def conv(x, ids, *, shards):
-      run = lambda x, before, ids: kernels.causal_conv1d(x, w, initial_state=before, segment_ids=ids)
+      run = lambda x, before, ids: kernels.causal_conv1d(x, w32, initial_state=before, segment_ids=ids)
       return run(x, None, ids) if shards is None else sequence.causal_conv(run, x, ids, width=w.shape[0],
                                                                           shards=shards)
 
