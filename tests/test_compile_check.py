@@ -1,6 +1,7 @@
 """compile-check: the fit verdict against a memory limit, the verified fix, the roofline estimate, multislice."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -65,8 +66,8 @@ def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
   def compile_step(config, target, memory_limit=None):
     accum = int(config.train.grad_accum)
     return {'arch': config.model.arch, 'scale': config.model.scale, 'seq_len': config.data.seq_len, 'target': target.name,
-            'chips': 1, 'mesh': {'data': 1, 'fsdp': 1, 'tensor': 1}, 'per_chip_batch': 8, 'grad_accum': accum,
-            'compile_s': 0.0, 'fits': accum >= 4, 'per_device_bytes': {'peak': 2**30 // accum}}
+            'chips': 1, 'mesh': {'data': 1, 'fsdp': 1, 'sequence': 1, 'tensor': 1}, 'per_chip_batch': 8,
+            'grad_accum': accum, 'compile_s': 0.0, 'fits': accum >= 4, 'per_device_bytes': {'peak': 2**30 // accum}}
   monkeypatch.setattr(compile_check, 'compile_step', compile_step)
   argv = [f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--devices=1',
           '--config.train.batch_size=8', '--config.data.seq_len=64']
@@ -93,7 +94,8 @@ STAND_IN = chips.Chip('stand-in', 1.0, 1e12, 1e15, 'test', 1e9)  # 1 TFLOP/s; me
 
 
 def _estimate(config, xla_bytes=0.0, param_bytes=0, mesh=None):
-  return estimate_lib.step_estimate(config, STAND_IN, chips=1, mesh_shape=mesh or {'data': 1, 'fsdp': 1, 'tensor': 1},
+  mesh = mesh or {'data': 1, 'fsdp': 1, 'sequence': 1, 'tensor': 1}
+  return estimate_lib.step_estimate(config, STAND_IN, chips=math.prod(mesh.values()), mesh_shape=mesh,
                                     param_bytes=param_bytes, xla_bytes=xla_bytes)
 
 
@@ -140,14 +142,138 @@ def test_collectives_and_accumulation_are_priced():
   FSDP over 4 chips reduce-scatters once (3/4) and gathers for every micro-batch's forward and backward
   (2 x 2 x 3/4 with 2 accumulation steps). Each byte sent is also received, through the bidirectional link."""
   config = _full_attention('none')
-  dp = _estimate(config, param_bytes=1000, mesh={'data': 4, 'fsdp': 1, 'tensor': 1})
-  assert dp['collective_bytes_per_chip'] == {'gradient_reduction': 1500, 'fsdp_gathers': 0}
+  dp = _estimate(config, param_bytes=1000, mesh={'data': 4, 'fsdp': 1, 'sequence': 1, 'tensor': 1})
+  assert dp['collective_bytes_per_chip'] == {'gradient_reduction': 1500, 'fsdp_gathers': 0, 'sequence_exchanges': 0}
   assert dp['collective_s'] == pytest.approx(2 * 1500 / 1e9)
   config.train.grad_accum = 2
-  fsdp = _estimate(config, param_bytes=1000, mesh={'data': 1, 'fsdp': 4, 'tensor': 1})
-  assert fsdp['collective_bytes_per_chip'] == {'gradient_reduction': 750, 'fsdp_gathers': 3000}
+  fsdp = _estimate(config, param_bytes=1000, mesh={'data': 1, 'fsdp': 4, 'sequence': 1, 'tensor': 1})
+  assert fsdp['collective_bytes_per_chip'] == {'gradient_reduction': 750, 'fsdp_gathers': 3000,
+                                               'sequence_exchanges': 0}
   # XLA counts the accumulation loop's body once: its bytes count once per micro-batch.
   assert _estimate(config, xla_bytes=3e15)['memory_s'] == pytest.approx(2 * 3e15 / 1e15)
+
+
+def test_the_sequence_axis_is_priced_by_what_each_mixer_exchanges():
+  """Four chips, the data ways moved to the sequence axis: the parameters are replicated over both, so the gradient
+  all-reduce is data x sequence's (2 x 3/4 of 1,000 bytes). Two full-attention layers (float32, 8 query and 2 KV
+  heads of 16, 8 rows of 128 tokens) send q, k, v and o through all-to-alls forward and back, (s - 1)/s of each:
+  with s = 2, 4 rows of 64 tokens per chip, 2 x (2 x 8 + 2 x 2) x 4 x 64 x 16 x 4 bytes / 2 per layer; with
+  s = 4, 8 rows of 32 tokens, and the 2 KV heads expanded to the 8 query heads (4 does not divide 2):
+  2 x (2 x 8 + 2 x 8) x 8 x 32 x 16 x 4 x 3/4. Nothing without the split."""
+  config = _full_attention('none')
+  config.model.num_heads = 8
+  sent = lambda **mesh: _estimate(config, param_bytes=1000, mesh={'data': 1, 'fsdp': 1, 'sequence': 1, 'tensor': 1,
+                                                                  **mesh})['collective_bytes_per_chip']
+  assert sent(data=4)['sequence_exchanges'] == 0
+  two, four = sent(data=2, sequence=2), sent(sequence=4)
+  assert two['sequence_exchanges'] == 2 * (2 * 20 * 4 * 64 * 16 * 4 / 2) == 655_360
+  assert four['sequence_exchanges'] == 2 * (2 * 32 * 8 * 32 * 16 * 4 * 3 / 4) == 1_572_864
+  assert two['gradient_reduction'] == four['gradient_reduction'] == sent(data=4)['gradient_reduction'] == 1500
+  est = _estimate(config, param_bytes=1000, mesh={'data': 1, 'fsdp': 1, 'sequence': 4, 'tensor': 1})
+  assert est['collective_s'] == pytest.approx(2 * (1500 + 1_572_864) / 1e9)
+
+
+def test_each_kind_exchanges_its_halo_or_states_and_an_unknown_kind_nothing(monkeypatch):
+  """One layer of each kind, 8 rows of 128 tokens over 2 sequence shards, float32: a window of 32 sends the 31 keys
+  and values before the shard (2 KV heads of 16), padded to the 64-token shard's granularity, forward and back; a
+  scan all-gathers its shard's final state [H, K, V] and transition (the delta rule's K x K, a scalar decay's 1)
+  per row, and reduce-scatters it back; an MLP layer exchanges nothing, nor does a kind registered outside the
+  estimate's table (not counted)."""
+  from hybrid_jax.models.mixers import registry
+  monkeypatch.setitem(registry._kinds(), 'mystery', registry.MixerKind(  # pylint: disable=protected-access
+      'mystery', build=None, params=lambda cfg, spec=None: 0, flops=lambda cfg, spec, t: {}))
+  expected = {'swa': 2 * 2 * 8 * 64 * 2 * 16 * 4, 'gdn': 2 * 8 * 3 * (16 * 32 + 16 * 16) * 4,
+              'lightning': 2 * 8 * 3 * (16 * 32 + 1) * 4, 'mamba2': 2 * 8 * 5 * (64 * 16 + 1) * 4, 'mlp': 0,
+              'mystery': 0}
+  config = _full_attention('none')
+  config.model.update(dict(window=32, num_layers=1))
+  for kind, sent in expected.items():
+    config.model.cycle = (kind,)
+    mesh = {'data': 1, 'fsdp': 1, 'sequence': 2, 'tensor': 1}
+    assert estimate_lib.sequence_exchange_bytes(config.model, 128, 8, mesh) == sent, kind
+    assert estimate_lib.sequence_exchange_bytes(config.model, 128, 8, {**mesh, 'sequence': 1}) == 0
+
+
+def test_a_sequence_split_is_offered_where_rows_cannot_be_split_further():
+  """Moving data ways to the sequence axis gives each chip s times the rows, each 1/s long: the same tokens, so it
+  saves memory only with the accumulation that makes a micro-batch one row of T/s tokens. Eight rows on 64 chips
+  (fewer rows than chips): only splits are offered, the fewest ways that give every chip a row first, then more
+  ways with accumulation to one row. Two rows per chip: offered after every accumulation (which reaches one row)
+  and before any recompute. Six rows per chip (accumulation by powers of two stops at three rows), one data way,
+  or a length the ways do not divide: not offered."""
+  config = tiny(batch=8, seq_len=1024)
+  offered = compile_check.candidates(config, per_chip=8 / 64, data_ways=64)
+  assert offered and all('parallel.sequence' in o for o in offered)
+  assert offered[0] == {'parallel.sequence': 8}
+  assert {'parallel.sequence': 64, 'train.grad_accum': 8, 'parallel.shard_optimizer': True,
+          'model.remat': 'minimal'} not in offered  # No data ways left to shard the optimizer over.
+  assert {'model.remat': 'minimal', 'parallel.sequence': 64, 'train.grad_accum': 8} in offered
+  assert {'model.remat': 'minimal', 'parallel.sequence': 16, 'train.grad_accum': 2,
+          'parallel.shard_optimizer': True} in offered
+  config.parallel.data = 64
+  assert compile_check.candidates(config, per_chip=8 / 64, data_ways=64)[0] == {'parallel.data': 8,
+                                                                               'parallel.sequence': 8}
+  config = tiny(batch=8, seq_len=1024)
+  offered = compile_check.candidates(config, per_chip=2, data_ways=4)
+  recomputed = [i for i, o in enumerate(offered) if o.get('model.remat') in ('recompute_mlp', 'full')]
+  splits = [i for i, o in enumerate(offered) if 'parallel.sequence' in o and i not in recomputed]
+  accumulated = [i for i, o in enumerate(offered) if 'train.grad_accum' in o and 'parallel.sequence' not in o
+                 and i not in recomputed]
+  assert offered[splits[0]] == {'parallel.sequence': 2, 'train.grad_accum': 4}
+  assert max(accumulated) < min(splits) and max(splits) < min(recomputed)
+  assert {'parallel.sequence': 4, 'train.grad_accum': 8, 'model.remat': 'full'} in offered  # The widest split.
+  assert not any('parallel.sequence' in o for o in compile_check.candidates(config, per_chip=6, data_ways=4))
+  assert not any('parallel.sequence' in o for o in compile_check.candidates(config, per_chip=2, data_ways=1))
+  config.data.seq_len = 1023
+  assert not any('parallel.sequence' in o for o in compile_check.candidates(config, per_chip=2, data_ways=4))
+
+
+def test_a_sequence_split_rules_out_what_it_saves_at_least():
+  """A split with more accumulation steps keeps fewer tokens per micro-batch than accumulation of whole rows, and a
+  wider split than a narrower one; it does not rule out the sharded optimizer of a change that splits fewer ways
+  (its moments are then divided over fewer data-parallel chips), and a split never counts for accumulation alone
+  with more steps."""
+  split = {'parallel.sequence': 2, 'train.grad_accum': 4}
+  assert compile_check._dominates(split, {'train.grad_accum': 2})
+  assert compile_check._dominates({'parallel.sequence': 4, 'train.grad_accum': 8}, split)
+  assert not compile_check._dominates(split, {'parallel.sequence': 4, 'train.grad_accum': 8})
+  assert not compile_check._dominates({'train.grad_accum': 2}, split)
+  cheap = {'parallel.shard_optimizer': True, 'model.remat': 'minimal'}
+  assert not compile_check._dominates({**cheap, **split}, {**cheap, 'train.grad_accum': 2})
+
+
+def test_fewer_rows_than_chips_is_fixed_by_splitting_each_row(tmp_path):
+  """Two rows on four fake CPU devices: the batch does not split over the four data-parallel chips, so the step has
+  no layout (a row that does not fit, not a crash), and the fix is each row over two chips (the data ways the
+  other two leave); the table's mesh column names the four axes, the JSON row the fix's mesh."""
+  args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--devices=4', '--memory_budget_gib=1',
+          f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.model.num_layers=2',
+          '--config.model.d_model=64', '--config.data.seq_len=64', '--config.train.batch_size=2',
+          f'--json={tmp_path}/rows.json']
+  out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 3, out.stderr[-3000:]
+  [row] = json.loads((tmp_path / 'rows.json').read_text())
+  assert row['fits'] is False and 'do not split over the 4 batch shards' in row['error']
+  assert row['mesh'] == {'data': 4, 'fsdp': 1, 'sequence': 1, 'tensor': 1}
+  assert row['fix']['overrides'] == {'parallel.sequence': 2}
+  assert row['fix']['mesh'] == {'data': 2, 'fsdp': 1, 'sequence': 2, 'tensor': 1}
+  assert 'mesh (data/fsdp/sequence/tensor)' in out.stdout and '| 4/1/1/1 | 0.5 | no |' in out.stdout
+  assert '**sequence=2**' in out.stdout
+  assert out.stderr.strip().endswith('fits with parallel.sequence=2 (each row split over 2 chips, 32 tokens on '
+                                     'each): add --config.parallel.sequence=2')
+
+
+def test_a_length_the_sequence_ways_do_not_divide_is_one_line(tmp_path):
+  """parallel.sequence=-1 takes the devices the other axes leave, so validation cannot check data.seq_len against
+  it: compile-check does, once the mesh is known, in one line."""
+  args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--devices=2', '--memory_budget_gib=1',
+          f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.data.seq_len=65',
+          '--config.parallel.data=1', '--config.parallel.sequence=-1']
+  out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 2
+  assert out.stderr.strip() == ('error: config.data.seq_len=65 does not split into the 2 sequence shards of the mesh '
+                                '(sequence 2): use a length that is a multiple of 2 or fewer sequence ways '
+                                '(config.parallel.sequence)')
 
 
 class _StandInTarget(compile_check.Target):
@@ -251,7 +377,7 @@ def test_tpu_row_fits_and_its_estimate_is_the_roofline(tpu):
   row = compile_check.check(config, tpu)
   spec = chips.chip('TPU v5 lite')
   assert row['device_kind'] == 'TPU v5 lite' and row['hbm_bytes'] == spec.hbm_bytes and row['fits'] is True
-  assert row['mesh'] == {'data': 2, 'fsdp': 2, 'tensor': 1} and row['per_chip_batch'] == 2
+  assert row['mesh'] == {'data': 2, 'fsdp': 2, 'sequence': 1, 'tensor': 1} and row['per_chip_batch'] == 2
   est = row['estimate']
   # save_dots recomputes the attention kernels' forward: 4 x 4 heads x 64 x the visible pairs, per block and sequence.
   pairs = {'swa': flops.visible_pairs(128, 32), 'full': flops.visible_pairs(128, None)}
@@ -279,7 +405,7 @@ def test_multislice_compiles_with_data_parallelism_across_slices(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   [row] = json.loads((tmp_path / 'rows.json').read_text())
   assert row['chips'] == 8 and row['target'] == 'v5e:2x2 x 2 slices' and row['fits'] is True
-  assert row['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
+  assert row['mesh'] == {'data': 8, 'fsdp': 1, 'sequence': 1, 'tensor': 1}
   assert 'libtpu' not in out.stderr.lower() and 'TPU_' not in out.stderr  # Quiet on a host without TPUs.
 
 

@@ -55,7 +55,7 @@ def test_mesh_order_fallback_is_reported_once_with_its_cause(monkeypatch, caplog
 def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():
   p = small_config().parallel
   p.update(dict(data=-1, fsdp=2, tensor=2))
-  assert mesh_lib.mesh_shape(p, 8)[0] == {'data': 2, 'fsdp': 2, 'tensor': 2}
+  assert mesh_lib.mesh_shape(p, 8)[0] == {'data': 2, 'fsdp': 2, 'sequence': 1, 'tensor': 2}
   p.update(dict(data=3, fsdp=-1, tensor=1))
   with pytest.raises(mesh_lib.MeshError, match='8 devices cannot be split'):
     mesh_lib.mesh_shape(p, 8)
@@ -63,8 +63,8 @@ def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():
   with pytest.raises(mesh_lib.MeshError, match='needs 4 devices, but there are 8'):
     mesh_lib.mesh_shape(p, 8)
   p.update(dict(data=-1, fsdp=1, tensor=1, dcn_data=2))
-  assert mesh_lib.mesh_shape(p, 8, num_slices=2) == ({'data': 4, 'fsdp': 1, 'tensor': 1},
-                                                      {'data': 2, 'fsdp': 1, 'tensor': 1})
+  assert mesh_lib.mesh_shape(p, 8, num_slices=2) == ({'data': 4, 'fsdp': 1, 'sequence': 1, 'tensor': 1},
+                                                      {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1})
 
 
 @pytest.mark.parametrize('batch, accum, shape, ok', [
@@ -143,7 +143,7 @@ def test_layouts_follow_the_rules_and_the_report_flags_replicated_tensors():
   assert tuple(by_name['cycles/blocks/0/mixer/wq'].layout.spec) == (None, 'fsdp', 'tensor', None)
   assert tuple(by_name['embed'].layout.spec) == (None, 'fsdp')  # 257 rows do not split 2 ways.
   assert by_name['embed'].layout.unsplit == ('vocab (257 % 2 != 0)',)
-  rows, text = mesh_lib.sharding_report(model_def, rules, {'data': 8, 'fsdp': 1, 'tensor': 1})
+  rows, text = mesh_lib.sharding_report(model_def, rules, {'data': 8, 'fsdp': 1, 'sequence': 1, 'tensor': 1})
   flagged = {r['name']: r['flags'] for r in rows if r['flags']}
   assert 'replicated; could shard' in flagged['lm_head'][0]  # Pure data parallel replicates every weight.
   assert 'parameters' in text.splitlines()[-1]
@@ -154,7 +154,7 @@ def test_cli_shardings_report(tmp_path):
                         f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.parallel.fsdp=4',
                         '--config.parallel.tensor=2'], capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr
-  assert "mesh {'data': 1, 'fsdp': 4, 'tensor': 2}" in out.stdout
+  assert "mesh {'data': 1, 'fsdp': 4, 'sequence': 1, 'tensor': 2}" in out.stdout
   assert 'not split: vocab (257 % 2 != 0)' in out.stdout
   line = next(l for l in out.stdout.splitlines() if l.startswith('tail/0/mlp/gate'))
   assert "P('fsdp', 'tensor')" in line
@@ -312,7 +312,7 @@ def _restored_onto(tmp_path, reference, n_devices, shape):
   shutil.copytree(tmp_path / 'ref', workdir)
   shutil.rmtree(workdir / 'checkpoints' / '6')  # Resume from step 3, written on the 8-device mesh.
   got = _train(n_devices, workdir, shape, 6)
-  assert got['resumed_from'] == 3 and got['mesh'] == dict(zip(('data', 'fsdp', 'tensor'), shape))
+  assert got['resumed_from'] == 3 and got['mesh'] == dict(zip(('data', 'fsdp', 'tensor'), shape), sequence=1)
   for step in ('4', '5', '6'):  # Same batches (data-iterator state restored) and the same losses.
     assert abs(got['losses'][step] - reference['losses'][step]) < 1e-5, (step, got, reference)
 
@@ -340,12 +340,12 @@ def test_compile_check_reports_memory_and_flops_and_fails_over_budget(tmp_path):
   out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.returncode == 3 and 'over the limit of 0.00 GiB' in out.stderr, out.stderr[-3000:]
   [report] = json.loads((tmp_path / 'rows.json').read_text())
-  assert report['mesh'] == {'data': 1, 'fsdp': 4, 'tensor': 2} and report['chips'] == 8
+  assert report['mesh'] == {'data': 1, 'fsdp': 4, 'sequence': 1, 'tensor': 2} and report['chips'] == 8
   assert report['fits'] is False and 'fix' not in report
   mem = report['per_device_bytes']
   assert 0 < mem['parameters'] < mem['optimizer'] and mem['peak'] >= mem['arguments'] > mem['parameters']
   assert report['xla_flops_per_chip'] > 0
-  assert '| swa128 | tiny | 64 | cpu x 8 | 8 | 1/4/2 |' in out.stdout  # The table row.
+  assert '| swa128 | tiny | 64 | cpu x 8 | 8 | 1/4/1/2 |' in out.stdout  # The table row.
 
 
 def test_compile_check_tpu_topology_without_libtpu_is_a_clear_error():

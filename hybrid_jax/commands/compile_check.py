@@ -53,7 +53,8 @@ def run(args, config):
     flags = ' '.join(f'--config.{k}={v}' for k, v in fix.get('overrides', {}).items())
     over = f", over the limit of {r['hbm_bytes'] / 2**30:.2f} GiB" if r.get('hbm_bytes') else ''
     advice = (f"fits with {fix['change']}: add {flags}" if 'change' in fix else
-              'raise parallel.fsdp / parallel.tensor, lower train.batch_size, raise train.grad_accum or set model.remat')
+              'raise parallel.fsdp / parallel.tensor / parallel.sequence, lower train.batch_size, raise '
+              'train.grad_accum or set model.remat')
     print(f"error: {r['arch']} {r['scale']} on {r['target']}: the train step {need}{over}; {advice}", file=sys.stderr)
   return 3 if tight else 0
 

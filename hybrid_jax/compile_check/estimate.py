@@ -7,30 +7,106 @@ step_s = max(compute_s, memory_s) + collective_s, per chip:
 - memory_s: XLA's bytes accessed per chip times train.grad_accum (XLA counts the accumulation loop's body once), at
   the HBM bandwidth; XLA also counts the layer scan's body once, so this term stays a lower bound.
 - collective_s: the bytes each chip sends and receives over the chip-to-chip links (ICI), by ring algorithms: the
-  gradient reduction over the batch axes once per step (XLA moves it out of the accumulation loop: seen in a
-  compiled v5p step), and with FSDP the parameter all-gathers of every micro-batch's forward and backward, at the
-  chip's bidirectional ICI bandwidth, counted as not overlapped with compute (XLA overlaps some of it).
-  Optimizer-state sharding costs nothing here: its reduce-scatter plus all-gather move what the all-reduce moves.
-  Tensor-parallel activation collectives are not counted.
+  gradient reduction over the axes the parameters are replicated on (batch and sequence) once per step (XLA moves
+  it out of the accumulation loop: seen in a compiled v5p step), with FSDP the parameter all-gathers of every
+  micro-batch's forward and backward, and with context parallelism (parallel.sequence) each mixer's exchange along
+  the sequence axis (`sequence_exchange_bytes`), at the chip's bidirectional ICI bandwidth, counted as not
+  overlapped with compute (XLA overlaps some of it). Optimizer-state sharding costs nothing here: its
+  reduce-scatter plus all-gather move what the all-reduce moves. Tensor-parallel activation collectives are not
+  counted.
 Kernel efficiency and the smaller matmuls of a micro-batch are not modelled, so fixes that tie here still differ;
 compile-check breaks ties by its order of candidates, the ones that change least first.
 """
 
-from hybrid_jax.models import flops as flops_lib
+import math
+
+import jax.numpy as jnp
+
+from hybrid_jax.models import flops as flops_lib, pattern
+from hybrid_jax.models.mixers import attention, registry
+from hybrid_jax.parallel import rules as rules_lib
 
 
-def collective_bytes(param_bytes: float, mesh_shape: dict, accum: int) -> dict:
-  """Bytes each chip sends per step (and receives as many) for the parameters' collectives, by kind.
+def collective_bytes(param_bytes: float, mesh_shape: dict, accum: int, exchanges: float = 0.0) -> dict:
+  """Bytes each chip sends per step (and receives as many) for the parameters' collectives, by kind, and the
+  sequence axis' exchanges (`exchanges`, from `sequence_exchange_bytes`).
 
   `param_bytes`: all parameters' bytes (the gradients have the same dtype); `mesh_shape`: {'data', 'fsdp',
-  'tensor'} sizes. The gradient is reduce-scattered over 'fsdp' and all-reduced over 'data' ((n - 1) / n and
+  'sequence', 'tensor'} sizes (a missing axis counts 1). The parameters are replicated over 'data' and 'sequence'
+  alike, so the gradient is reduce-scattered over 'fsdp' and all-reduced over data x sequence ((n - 1) / n and
   2 (n - 1) / n of the bytes per chip); FSDP gathers every weight for each micro-batch's forward and again for its
   backward. Tensor parallelism splits every weight 'tensor' ways.
   """
-  d, f, t = (int(mesh_shape[a]) for a in ('data', 'fsdp', 'tensor'))
-  local = param_bytes / t
-  return {'gradient_reduction': (f - 1) / f * local + 2 * (d - 1) / d * local / f,
-          'fsdp_gathers': int(accum) * 2 * (f - 1) / f * local}
+  d, f, s, t = (int(mesh_shape.get(a, 1)) for a in ('data', 'fsdp', 'sequence', 'tensor'))
+  local, replicas = param_bytes / t, d * s
+  return {'gradient_reduction': (f - 1) / f * local + 2 * (replicas - 1) / replicas * local / f,
+          'fsdp_gathers': int(accum) * 2 * (f - 1) / f * local, 'sequence_exchanges': exchanges}
+
+
+def _heads(n: int, tensor: int) -> int:
+  """Heads of `n` on one chip: split over 'tensor' as the default rules do (whole when it does not divide)."""
+  return n // tensor if n % tensor == 0 else n
+
+
+def _padded(n: int, ways: int) -> int:
+  return -(-n // ways) * ways
+
+
+def sequence_exchange_bytes(model_cfg, seq_len: int, rows: float, mesh_shape: dict) -> float:
+  """Bytes a chip sends per step (forward and backward; it receives as many) for the mixers' exchanges along the
+  'sequence' axis of s ways (hybrid_jax.parallel.sequence), 0 when s = 1. Per layer, for the `rows` rows a chip
+  holds per step (all micro-batches) of T/s tokens each, heads split over 'tensor', b the bytes of model.dtype:
+
+  - full attention (and a window as long as the row): all-to-alls of q, k, v and o, each sending
+    (s - 1)/s of its [rows, T/s, heads, head_dim] (heads padded to a multiple of s, key heads expanded to the query
+    heads when s does not divide them, as the exchange does), and their transposes in the backward:
+    2 x (2 Hq + 2 Hkv) x rows x T/s x head_dim x b x (s - 1)/s;
+  - sliding window w: the halo of the w - 1 keys and values before the shard, rounded up to the shard's kernel
+    granularity as the exchange sends it (up to 128 tokens), forward and its cotangent back:
+    2 x 2 x rows x halo x Hkv x head_dim x b. Head-wise layers count each KV group by its own window
+    (attention.kv_groups);
+  - scans (gdn, lightning, mamba2): an all_gather of every shard's float32 final state [rows, H, K, V] and its
+    transition ([rows, H] decays; the delta rule's [rows, H, K, K] matrices), (s - 1) x its bytes, and the
+    reduce-scatter of the backward: 2 x (s - 1) x rows x H x (K V + transition) x 4.
+  Left out as small: segment ids, the short convolutions' width - 1 token halos, the psum of the final conv state.
+  A kind this table does not know (a mixer registered outside the package) counts nothing: its exchange is its own
+  code's, so its cost is not in the estimate; a pointwise kind (an MLP layer) exchanges nothing.
+  """
+  s, t = int(mesh_shape.get('sequence', 1)), int(mesh_shape.get('tensor', 1))
+  if s == 1:
+    return 0.0
+  local, b = seq_len / s, jnp.dtype(model_cfg.dtype).itemsize
+  total = 0.0
+  for i in range(model_cfg.num_layers):
+    spec = pattern.layer_spec(model_cfg, i)
+    kind = registry.get(spec.kind)
+    if kind.attention:
+      groups = model_cfg.num_heads // model_cfg.num_kv_heads
+      for window, kv in attention.kv_groups(spec, model_cfg.num_kv_heads):
+        hkv = _heads(kv.stop - kv.start, t)
+        hq = _heads((kv.stop - kv.start) * groups, t)
+        if window == 1:
+          continue
+        if window is None or window >= seq_len:
+          hkv = hkv if hkv % s == 0 else hq
+          moved = (2 * _padded(hq, s) + 2 * _padded(hkv, s)) * rows * local * model_cfg.head_dim * b
+          total += 2 * moved * (s - 1) / s
+        else:
+          grain = min(int(local) & -int(local), 128)  # parallel.sequence's halo length.
+          halo = -(-(window - 1) // grain) * grain
+          total += 2 * 2 * rows * halo * hkv * model_cfg.head_dim * b
+    elif spec.kind in _SCAN_STATES:
+      heads, k, v, transition = _SCAN_STATES[spec.kind](model_cfg)
+      total += 2 * (s - 1) * rows * _heads(heads, t) * (k * v + transition) * 4
+  return total
+
+
+# Scan kind -> (value heads, K, V, transition elements per head) of the state its shards all-gather.
+_SCAN_STATES = {
+    'gdn': lambda c: (c.gdn.value_heads or c.gdn.num_heads, c.gdn.key_dim, c.gdn.value_dim, c.gdn.key_dim ** 2),
+    'lightning': lambda c: (c.lightning.num_heads, c.lightning.key_dim, c.lightning.value_dim, 1),
+    'mamba2': lambda c: (c.mamba2.num_heads, c.mamba2.state_dim, c.mamba2.head_dim, 1),
+}
 
 
 def step_estimate(config, chip, *, chips: int, mesh_shape: dict, param_bytes: float,
@@ -47,7 +123,10 @@ def step_estimate(config, chip, *, chips: int, mesh_shape: dict, param_bytes: fl
   recomputed *= tokens_per_chip
   compute_s = (model_flops + recomputed) / (chip.peak_bf16_tflops * 1e12)
   memory_s = (xla_bytes or 0.0) * accum / chip.hbm_bytes_per_s
-  sent = collective_bytes(param_bytes, mesh_shape, accum)
+  batch_axes = rules_lib.parse_rules(config.parallel.rules).get('batch', ())
+  rows = int(config.train.batch_size) / math.prod(int(mesh_shape.get(a, 1)) for a in batch_axes)  # Per chip.
+  sent = collective_bytes(param_bytes, mesh_shape, accum,
+                          sequence_exchange_bytes(config.model, seq_len, rows, mesh_shape))
   collective_s = 2 * sum(sent.values()) / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0
   step_s = max(compute_s, memory_s) + collective_s
   ici = (f'{chip.ici_bytes_per_s / 1e9:g} GB/s ICI' if chip.ici_bytes_per_s else 'ICI unknown: collectives not priced')

@@ -7,8 +7,8 @@ FLOPs, accumulation and the mesh's collectives (labelled an estimate everywhere 
 counts a loop body once, not times its trip count, and sees nothing inside Pallas kernels, so its FLOPs are far
 below the step's (the estimate uses the model's) and its bytes are a lower bound. A configuration that does not fit
 gets `recommend`: the changes that trade speed or memory (optimizer-state sharding, remat 'minimal', gradient
-accumulation, full remat, FSDP over every chip), each compiled, and of those that fit the one with the lowest
-estimate.
+accumulation, full remat, FSDP over every chip, each row split over several chips by context parallelism), each
+compiled, and of those that fit the one with the lowest estimate.
 """
 
 import dataclasses
@@ -66,6 +66,8 @@ def _plan(config, target: Target) -> _Plan:
   config = _with_slices(config, target)
   mesh = mesh_lib.make_mesh(config.parallel, list(target.devices))
   rules = rules_lib.parse_rules(config.parallel.rules)
+  # A sequence axis that resolves (-1) to ways data.seq_len does not divide: one line, before anything is built.
+  mesh_lib.check_sequence(int(config.data.seq_len), dict(mesh.shape), rules)
   model_def = state_lib.make_model_def(config.model)
   tx = optim.make_optimizer(config.train)
   shardings = mesh_lib.train_shardings(model_def, tx, mesh, rules, bool(config.parallel.shard_optimizer))
@@ -94,6 +96,13 @@ def compile_step(config, target: Target, memory_limit: float | None = None) -> d
          'batch_size': int(t.batch_size), 'per_chip_batch': int(t.batch_size) / plan.shards,
          'grad_accum': int(t.grad_accum), 'remat': config.model.remat,
          'shard_optimizer': bool(config.parallel.shard_optimizer), 'packing': config.data.get('packing', 'concat')}
+  try:
+    mesh_lib.check_batch(t, row['mesh'], rules_lib.parse_rules(config.parallel.rules))
+  except mesh_lib.MeshError as e:
+    # Fewer rows than batch shards (one long sequence over many chips): no layout to compile, but a fix (each row
+    # over several chips, parallel.sequence) may have one, so the row does not fit rather than stopping the check.
+    row.update(compile_s=0.0, fits=False, error=str(e))
+    return row
   tic = time.perf_counter()
   try:
     compiled = step_lib.compile_train_step(plan.model_def, plan.tx, t, plan.shardings, plan.abstract, seq_len,
@@ -147,25 +156,65 @@ def _changed(config, overrides: dict):
   return c
 
 
-def _describe(overrides: dict, per_chip: int) -> str:
-  """The overrides for a reader: 'train.grad_accum=4 (micro-batch 2 per chip), model.remat=full'."""
+def _describe(overrides: dict, per_chip: float, config) -> str:
+  """The overrides for a reader: 'train.grad_accum=4 (micro-batch 2 per chip), model.remat=full'. `per_chip`: rows
+  per chip per step as `config` sets it; a change to more sequence ways gives each chip as many times the rows,
+  each as many times shorter."""
+  ways = int(config.parallel.sequence)
+  split = int(overrides.get('parallel.sequence', ways))
+  rows = per_chip * split / ways
   parts = []
   for key, value in overrides.items():
     if key == 'parallel.data' and overrides.get('parallel.fsdp') == -1:
       continue  # Said by the fsdp part.
-    note = (f' (micro-batch {per_chip // value} per chip)' if key == 'train.grad_accum' else
-            ' (parallel.data=1: params and optimizer state over every chip)' if key == 'parallel.fsdp' else '')
+    if key == 'parallel.sequence':
+      tokens = int(config.data.seq_len) // (value * int(config.parallel.dcn_sequence))
+      note = f' (each row split over {value} chips, {tokens:,} tokens on each)'
+    else:
+      note = (f' (micro-batch {rows / value:g} per chip)' if key == 'train.grad_accum' else
+              ' (parallel.data=1: params and optimizer state over every chip)' if key == 'parallel.fsdp' else '')
     parts.append(f'{key}={value}{note}')
   return ', '.join(parts)
 
 
-def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
+def _sequence_splits(config, per_chip: float, ici_data: int) -> list[dict]:
+  """Context parallelism as a memory fix: s = 2, 4, ... of the data ways within a slice become sequence ways, while
+  s divides them and data.seq_len still splits. Each chip then holds s times the rows (`per_chip` x s), each 1/s as
+  long: the same tokens, so the same memory, unless accumulation splits them further; each change comes with the
+  accumulation that makes a micro-batch one row, T/s tokens per chip, which no accumulation of whole rows reaches.
+  None when the sequence axis is free (-1), split by no rule, or the batch is not split over 'data'."""
+  p = config.parallel
+  rules = rules_lib.parse_rules(p.rules)
+  ways, dcn = int(p.sequence), int(p.dcn_sequence)
+  if -1 in (ways, dcn) or 'sequence' not in rules.get('seq', ()) or 'data' not in rules.get('batch', ()):
+    return []
+  seq_len, accum = int(config.data.seq_len), int(config.train.grad_accum)
+  out, s = [], 2
+  while ici_data % s == 0:
+    rows = per_chip * s
+    if rows >= 1 and rows == int(rows) and seq_len % (ways * s * dcn) == 0:
+      change = {} if int(p.data) == -1 else {'parallel.data': ici_data // s}  # -1 takes what the others leave.
+      change['parallel.sequence'] = ways * s
+      if int(rows) != accum:
+        change['train.grad_accum'] = int(rows)
+      out.append(change)
+    s *= 2
+  return out
+
+
+def candidates(config, per_chip: float, data_ways: int, ici_data: int | None = None) -> list[dict]:
   """The changes that make a step need less memory per chip, as config overrides, those that change least first
   (compile-check's order for ties): optimizer state over the data-parallel chips, remat 'minimal', both; FSDP over
   every chip, alone and with 'minimal' (offered to steps without remat); gradient accumulation (2 alone, then each
-  power of two up to one sequence per chip with the cheap changes, then with FSDP); remat 'recompute_mlp' with the
-  sharded optimizer or FSDP, without and with the most accumulation; full remat; FSDP with full remat and the most
-  accumulation."""
+  power of two up to one sequence per chip with the cheap changes, then with FSDP); each row split over more chips
+  (`_sequence_splits`, the fewest alone, then each with the cheap changes; offered where accumulation reaches one
+  row per chip or the batch has fewer rows than batch shards: it costs exchanges every layer, and at the same
+  micro-batch tokens saves nothing); then remat 'recompute_mlp', then full remat, each with the sharded optimizer
+  without and with the most accumulation, with FSDP and the most accumulation, and with the widest split.
+
+  `per_chip`: rows per chip per step, below 1 or not whole when the batch does not split over the batch shards:
+  then only the changes that split rows remain (nothing else lays the batch out). `ici_data`: the data ways within
+  a slice (default `data_ways`)."""
   accum, remat = int(config.train.grad_accum), config.model.remat
   shard = {'parallel.shard_optimizer': True} if data_ways > 1 and not config.parallel.shard_optimizer else {}
   # 'minimal' saves no more than 'save_dots' (BENCHMARKS.md: 35.6 against 35.5 GB for S1 full on v5p), so it is
@@ -173,25 +222,35 @@ def candidates(config, per_chip: int, data_ways: int) -> list[dict]:
   minimal = {'model.remat': 'minimal'} if remat == 'none' else {}
   fsdp = ({'parallel.data': 1, 'parallel.fsdp': -1}
           if int(config.parallel.tensor) == 1 and int(config.parallel.fsdp) != -1 and data_ways > 1 else {})
+  whole = per_chip >= 1 and per_chip == int(per_chip)
   steps, step = [], accum * 2
-  while step <= max(per_chip, accum) and per_chip % (step // accum) == 0:
+  while whole and step <= max(per_chip, accum) and per_chip % (step // accum) == 0:
     steps.append(step)
     step *= 2
+  # Accumulation keeps whole rows: at one row per chip and micro-batch only a split of the rows saves more.
+  floor = per_chip / (steps[-1] if steps else accum)
+  splits = _sequence_splits(config, per_chip, ici_data or data_ways) if not whole or floor <= 1 else []
+  ways = int(config.parallel.sequence)
+  # The sharded optimizer over what data ways a split leaves (none left: nothing to shard over).
+  shard_of = lambda split: shard if data_ways * ways // split['parallel.sequence'] > 1 else {}
   out = [shard, minimal, {**shard, **minimal}, fsdp, fsdp and {**fsdp, **minimal}]
   out += [{'train.grad_accum': steps[0]}] if steps else []
   out += [{**shard, **minimal, 'train.grad_accum': a} for a in steps]
   # FSDP also shards the parameters: with accumulation it can fit where the sharded optimizer with accumulation is
   # just over (S5 at 32K on v6e:4x8), without recomputing the forward.
   out += [fsdp and {**fsdp, **minimal, 'train.grad_accum': a} for a in steps]
+  # Exchanges every layer but no FLOPs: after the changes that cost neither, before any recompute.
+  out += splits[:1] + [{**shard_of(split), **minimal, **split} for split in splits]
   deepest = {'train.grad_accum': steps[-1]} if steps else {}
   for policy in [p for p in ('recompute_mlp', 'full') if REMAT_SAVINGS[p] > REMAT_SAVINGS.get(remat, 0)]:
     # Recomputing costs FLOPs, so it comes after every change that does not; 'recompute_mlp' (the MLP's gate and up
     # only) before 'full' (the whole forward).
     change = {'model.remat': policy}
-    out += [{**shard, **change}, {**shard, **deepest, **change}, fsdp and {**fsdp, **deepest, **change}]
+    out += [{**shard, **change}, {**shard, **deepest, **change}, fsdp and {**fsdp, **deepest, **change},
+            splits and {**shard_of(splits[-1]), **splits[-1], **change}]
   unique = []
   for o in out:
-    if o and o not in unique:
+    if o and o not in unique and (whole or 'parallel.sequence' in o):
       unique.append(o)
   return unique
 
@@ -205,7 +264,11 @@ REMAT_SAVINGS = {'none': 0, 'save_dots': 1, 'minimal': 1, 'recompute_mlp': 2, 'f
 def _dominates(a: dict, b: dict) -> bool:
   """Whether change `a` saves at least the memory that `b` saves: every change of `b` is in `a` (a remat policy
   counts for one that saves no more, by REMAT_SAVINGS; FSDP counts as the sharded optimizer), with at least as many
-  accumulation steps."""
+  accumulation steps. A sequence split counts for one over fewer ways (its data ways are what the split leaves):
+  split or not, a micro-batch holds the tokens of (rows per chip as set) / (accumulation steps) whole rows, so the
+  accumulation steps compare the activations; but a split does not count for the sharded optimizer of a change
+  that splits fewer ways, whose moments it divides over fewer data-parallel chips."""
+  splits_more = a.get('parallel.sequence', 0) > b.get('parallel.sequence', 0)
   for key, value in b.items():
     if key == 'train.grad_accum':
       if a.get(key, 1) < value:
@@ -214,8 +277,13 @@ def _dominates(a: dict, b: dict) -> bool:
       if a.get(key) != value and REMAT_SAVINGS.get(a.get(key), -1) <= REMAT_SAVINGS[value]:
         return False
     elif key == 'parallel.shard_optimizer':
-      if not (a.get(key) or a.get('parallel.fsdp') == -1):
+      if splits_more or not (a.get(key) or a.get('parallel.fsdp') == -1):
         return False
+    elif key == 'parallel.sequence':
+      if a.get(key, 0) < value:
+        return False
+    elif key == 'parallel.data' and 'parallel.sequence' in b and 'parallel.sequence' in a:
+      continue  # Follows from the sequence ways.
     elif a.get(key) != value:
       return False
   return True
@@ -231,15 +299,20 @@ def recommend(config, target: Target, memory_limit=None, max_compiles: int = 8) 
   """Every candidate change (`candidates`) priced before compiling (the estimate without its memory term, a lower
   bound), then compiled cheapest first, skipping those that cannot beat the best fit so far and those that save
   less than one that did not fit, until `max_compiles` are spent; of those that fit, the lowest estimate (`pick`).
-  `tried` lists every candidate with what is known of it."""
+  `tried` lists every candidate with what is known of it (and its mesh)."""
   plan = _plan(config, target)
-  per_chip = int(config.train.batch_size) // plan.shards
+  per_chip = int(config.train.batch_size) / plan.shards
+  per_chip = int(per_chip) if per_chip == int(per_chip) else per_chip
+  slices = len({getattr(d, 'slice_index', 0) for d in target.devices})
+  ici_data = mesh_lib.mesh_shape(plan.config.parallel, len(target.devices), slices)[0]['data']
   tried = []
-  for rank, overrides in enumerate(candidates(config, per_chip, int(plan.mesh.shape['data']))):
+  for rank, overrides in enumerate(candidates(config, per_chip, int(plan.mesh.shape['data']), ici_data)):
     changed = _changed(config, overrides)
-    prior = _estimate(_plan(changed, target), target)
-    tried.append({'change': _describe(overrides, per_chip), 'overrides': overrides, 'rank': rank,
-                  'prior_step_s': prior['step_s'] if prior else None, 'config': changed})
+    changed_plan = _plan(changed, target)
+    prior = _estimate(changed_plan, target)
+    tried.append({'change': _describe(overrides, per_chip, config), 'overrides': overrides, 'rank': rank,
+                  'mesh': dict(changed_plan.mesh.shape), 'prior_step_s': prior['step_s'] if prior else None,
+                  'config': changed})
   compiled = 0
   for t in sorted(tried, key=lambda t: (t['prior_step_s'] or 0, t['rank'])):
     best = pick(tried)
@@ -260,7 +333,7 @@ def recommend(config, target: Target, memory_limit=None, max_compiles: int = 8) 
   out = {'tried': tried}
   best = pick(tried)
   if best:
-    out.update({k: best.get(k) for k in ('overrides', 'change', 'per_device_bytes', 'compile_s', 'estimate')})
+    out.update({k: best.get(k) for k in ('overrides', 'change', 'mesh', 'per_device_bytes', 'compile_s', 'estimate')})
   return out
 
 
@@ -305,18 +378,22 @@ def _ici_note(est: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-  """A Markdown table, one line per (run, target)."""
-  head = ('| arch | scale | T | target | chips | mesh (data/fsdp/tensor) | batch/chip | fits | peak GB / HBM GB | '
-          'compile s | XLA TFLOP/chip | XLA GB accessed/chip | est. step s (bound) | est. tok/s | fix |')
+  """A Markdown table, one line per (run, target). A row split over several chips (parallel.sequence) shows its
+  batch per chip as rows of T/n tokens, and a fix that splits rows says so in the fix column (sequence=n)."""
+  head = (f"| arch | scale | T | target | chips | mesh ({'/'.join(mesh_lib.AXES)}) | batch/chip | fits | "
+          'peak GB / HBM GB | compile s | XLA TFLOP/chip | XLA GB accessed/chip | est. step s (bound) | est. tok/s | '
+          'fix |')
   lines = [head, '|' + '---|' * head.count(' | ') + '---|']
   for r in rows:
-    mesh = '/'.join(str(r['mesh'][a]) for a in mesh_lib.AXES)
+    mesh = '/'.join(str(r['mesh'].get(a, 1)) for a in mesh_lib.AXES)  # Rows from before an axis existed: 1 way.
+    split = r['mesh'].get('sequence', 1)
     est = r.get('estimate') or (r.get('fix') or {}).get('estimate')  # A step that needs its fix: the fixed one.
     bound = est and (est['bound'] + _ici_note(est) + ('' if r.get('estimate') else ', with the fix'))
     fix = fix_cell(r['fix']) if 'fix' in r else ''
     fits = {True: 'yes', False: 'no', None: '?'}[r.get('fits')]
     peak = r.get('per_device_bytes', {}).get('peak')
-    batch = f"{r['per_chip_batch']:g}" + (f" ({r['grad_accum']} accum)" if r['grad_accum'] > 1 else '')
+    batch = (f"{r['per_chip_batch']:g}" + (f" of T/{split}" if split > 1 else '') +
+             (f" ({r['grad_accum']} accum)" if r['grad_accum'] > 1 else ''))
     lines.append(
         f"| {r['arch']} | {r['scale']} | {r['seq_len']} | {r['target']} | {r['chips']} | {mesh} | {batch} | {fits} | "
         f"{_gb(peak)} / {_gb(r.get('hbm_bytes'))} | {r['compile_s']:.0f} | "
