@@ -43,8 +43,9 @@ class Shards:
 
 def _from_previous(x, shards: Shards, hops: int):
   """x of the shard `hops` before this one (zeros on the first `hops` shards)."""
-  perm = [(i, i + hops) for i in range(shards.count - hops)]
-  return jax.lax.ppermute(x, shards.axis, perm)
+  if hops >= shards.count:
+    return jnp.zeros_like(x)
+  return jax.lax.ppermute(x, shards.axis, [(i, i + hops) for i in range(shards.count - hops)])
 
 
 def halo(x, length: int, shards: Shards):
