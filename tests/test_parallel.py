@@ -38,8 +38,9 @@ def run_with_devices(n: int, code: str, timeout=900) -> str:
 def test_mesh_order_fallback_is_reported_once_with_its_cause(monkeypatch, caplog):
   from jax.experimental import mesh_utils
 
-  def no_topology(shape, devices):
-    raise NotImplementedError(f'no topology for {len(devices)} devices of this kind')
+  def no_topology(shape, devices, allow_split_physical_axes=False):
+    split = ', axes split' if allow_split_physical_axes else ''
+    raise NotImplementedError(f'no topology for {len(devices)} devices of this kind{split}')
 
   monkeypatch.setattr(mesh_utils, 'create_device_mesh', no_topology)
   monkeypatch.setattr(mesh_lib, '_FALLBACK_CAUSES_REPORTED', set())
@@ -49,7 +50,8 @@ def test_mesh_order_fallback_is_reported_once_with_its_cause(monkeypatch, caplog
       arr = mesh_lib._device_array((1, 1, 1), devices)
       assert arr.shape == (1, 1, 1) and arr.ravel().tolist() == devices
   assert caplog.text.count('could not lay out') == 1
-  assert 'NotImplementedError: no topology for 1 devices of this kind' in caplog.text
+  # It tries splitting torus axes too, and reports what that said.
+  assert 'NotImplementedError: no topology for 1 devices of this kind, axes split' in caplog.text
   assert 'order given' in caplog.text
 
 def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():

@@ -79,7 +79,10 @@ def _device_array(shape, devices) -> np.ndarray:
   The fallback is said once per cause, since it decides how fast the collectives of a pod run."""
   from jax.experimental import mesh_utils
   try:
-    return mesh_utils.create_device_mesh(shape, devices=devices)
+    try:
+      return mesh_utils.create_device_mesh(shape, devices=devices)
+    except NotImplementedError:  # An axis that is no product of whole torus axes (8 on 4x4x4): split one.
+      return mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
   except Exception as e:  # pylint: disable=broad-except  (jax raises several types; each is reported below)
     cause = f'{type(e).__name__}: {e}'
     if cause not in _FALLBACK_CAUSES_REPORTED:
