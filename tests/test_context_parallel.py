@@ -1,10 +1,10 @@
 """Context parallelism: a row split over the 'sequence' mesh axis computes what the whole row computes.
 
 For every arch of the study grid, on 8 fake CPU devices with sequence 2 (beside data 4), 4 (beside fsdp 2) and 8,
-the sharded forward logits and parameter gradients equal the unsharded ones (float32, relative error <= 1e-5), on
-packed rows whose documents cross shard boundaries (one starts exactly at one) with a window
-of 24 tokens, three shards long at sequence 8. The Pallas kernels run interpreted inside the shard map. All cases
-run in one interpreter (the device count is fixed when jax starts).
+and for a few with sequence 4 beside tensor 2, the sharded forward logits and parameter gradients equal the
+unsharded ones (float32, relative error <= 1e-5), on packed rows whose documents cross shard boundaries (one starts
+exactly at one) with a window of 24 tokens, three shards long at sequence 8. The Pallas kernels run interpreted
+inside the shard map. All cases run in one interpreter (the device count is fixed when jax starts).
 """
 
 import json
@@ -22,6 +22,8 @@ from tests.test_parallel import run_with_devices
 TOLERANCE = 1e-5
 MESHES = ((4, 1, 2, 1), (1, 2, 4, 1), (1, 1, 8, 1))  # data, fsdp, sequence, tensor
 PALLAS_ARCHES = ('swa128', 'full', 'lightning', 'mamba2', 'gdn')
+WITH_TENSOR = (1, 1, 4, 2)  # Heads split over 'tensor' too: the full layers' all-to-all pads what is left.
+TENSOR_ARCHES = ('swa128_headwise', 'mamba2', 'gdn')
 
 _SCRIPT = '''
 import json, sys
@@ -79,6 +81,7 @@ def _run(cases) -> list[dict]:
 def results():
   cases = [(arch, MESHES, 'auto') for arch in sorted(hybrid.ARCHES)]
   cases += [(arch, [MESHES[1]], impl) for impl in ('pallas_tpu', 'pallas_gpu') for arch in PALLAS_ARCHES]
+  cases += [(arch, [WITH_TENSOR], 'xla') for arch in TENSOR_ARCHES]
   return _run(cases)
 
 
@@ -101,6 +104,12 @@ def test_every_study_arch_over_a_split_sequence_equals_the_whole_row(results, ar
 def test_the_pallas_kernels_interpreted_inside_the_shard_map(results, arch, implementation):
   for r in _rows(results, arch, implementation):
     assert r['logits'] <= TOLERANCE and r['grads'] <= TOLERANCE, r
+
+
+@pytest.mark.parametrize('arch', TENSOR_ARCHES)
+def test_a_split_sequence_beside_tensor_parallelism(results, arch):
+  (row,) = _rows(results, arch, 'xla')
+  assert tuple(row['mesh']) == WITH_TENSOR and row['logits'] <= TOLERANCE and row['grads'] <= TOLERANCE, row
 
 
 def test_a_length_the_sequence_axis_does_not_divide_is_one_line():
