@@ -17,7 +17,7 @@ from hybrid_jax.configs import hybrid
 from hybrid_jax.errors import ConfigError
 from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
 from tests.conftest import small_config
-from tests.test_parallel import run_with_devices
+from tests.test_parallel import run_with_devices, train_on_devices
 
 TOLERANCE = 1e-5
 MESHES = ((4, 1, 2, 1), (1, 2, 4, 1), (1, 1, 8, 1))  # data, fsdp, sequence, tensor
@@ -126,24 +126,9 @@ def test_a_length_the_sequence_axis_does_not_divide_is_one_line():
   mesh_lib.check_sequence(96, {'data': 1, 'fsdp': 1, 'sequence': 8, 'tensor': 1}, rules)
 
 
-_TRAIN = '''
-import json, sys
-from hybrid_jax import training
-from hybrid_jax.train import metrics
-from tests.conftest import small_config
-workdir, shape, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-c = small_config('gdn', dtype='float32')
-c.train.update(dict(batch_size=4, steps=steps, checkpoint_every=3, async_checkpointing=False, loss_chunk=16))
-c.parallel.data, c.parallel.fsdp, c.parallel.sequence, c.parallel.tensor = shape
-result = training.train(c, workdir)
-losses = {r['step']: r['loss'] for r in metrics.read_jsonl(workdir + '/metrics.jsonl') if r['kind'] == 'train'}
-print(json.dumps({'resumed_from': result['resumed_from'], 'mesh': result['mesh'], 'losses': losses}))
-'''
-
-
 def _train(n_devices, workdir, shape, steps):
-  code = _TRAIN.replace('sys.argv[1]', repr(str(workdir))).replace('sys.argv[2]', repr(json.dumps(shape)))
-  return json.loads(run_with_devices(n_devices, code.replace('sys.argv[3]', str(steps))).splitlines()[-1])
+  return train_on_devices(n_devices, workdir, dict(zip(('data', 'fsdp', 'sequence', 'tensor'), shape)), steps,
+                          arch='gdn', batch_size=4, loss_chunk=16)
 
 
 def test_training_over_a_split_sequence_resumes_on_one_device_with_the_same_losses(tmp_path):

@@ -294,19 +294,27 @@ import json, sys
 from hybrid_jax import training
 from hybrid_jax.train import metrics
 from tests.conftest import small_config
-workdir, shape, steps = sys.argv[1], tuple(json.loads(sys.argv[2])), int(sys.argv[3])
-c = small_config(dtype='float32')
-c.train.update(dict(batch_size=8, steps=steps, checkpoint_every=3, async_checkpointing=False))
-c.parallel.data, c.parallel.fsdp, c.parallel.tensor = shape
+workdir, settings = sys.argv[1], json.loads(sys.argv[2])
+c = small_config(settings['arch'], dtype='float32')
+c.train.update(dict(checkpoint_every=3, async_checkpointing=False, **settings['train']))
+c.parallel.update(settings['parallel'])
 result = training.train(c, workdir)
 losses = {r['step']: r['loss'] for r in metrics.read_jsonl(workdir + '/metrics.jsonl') if r['kind'] == 'train'}
 print(json.dumps({'resumed_from': result['resumed_from'], 'mesh': result['mesh'], 'losses': losses}))
 '''
 
 
+def train_on_devices(n_devices, workdir, parallel: dict, steps: int, arch='swa128_nope', **train) -> dict:
+  """{'resumed_from', 'mesh', 'losses'} of `small_config(arch)` (float32, checkpoints every 3 steps) trained to
+  `steps` in `workdir` on `n_devices` fake CPU devices with config.parallel sizes `parallel` and train settings
+  `train` (batch 8 unless given)."""
+  settings = {'arch': arch, 'parallel': parallel, 'train': {'batch_size': 8, **train, 'steps': steps}}
+  code = _TRAIN.replace('sys.argv[1]', repr(str(workdir))).replace('sys.argv[2]', repr(json.dumps(settings)))
+  return json.loads(run_with_devices(n_devices, code).splitlines()[-1])
+
+
 def _train(n_devices, workdir, shape, steps):
-  code = _TRAIN.replace('sys.argv[1]', repr(str(workdir))).replace('sys.argv[2]', repr(json.dumps(shape)))
-  return json.loads(run_with_devices(n_devices, code.replace('sys.argv[3]', str(steps))).splitlines()[-1])
+  return train_on_devices(n_devices, workdir, dict(zip(('data', 'fsdp', 'tensor'), shape)), steps)
 
 
 def _restored_onto(tmp_path, reference, n_devices, shape):
