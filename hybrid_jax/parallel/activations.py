@@ -70,38 +70,44 @@ def shard_local(fn, args, in_axes, out_axes, *, tied=()):
       specs[i] = [None if name in tied else s for s, name in zip(specs[i], in_axes[i])]
   split_of = {name: specs[i][d] for i in present for d, name in enumerate(in_axes[i]) if name is not None}
 
-  seq = split_of.get('seq')
-  shards = None if seq is None else sequence.Shards(seq, math.prod(
-      shape[a] for a in ((seq,) if isinstance(seq, str) else seq)))
-
-  def local(*xs):
-    full = list(args)
-    for i, x in zip(present, xs):
-      full[i] = x
-    return fn(*full, shards=shards)
-
+  local = _on_present(fn, args, present, _shards(split_of.get('seq'), shape))
   out_specs = jax.tree.map(lambda axes: P(*(split_of.get(name) for name in axes)), out_axes,
                            is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(n, (str, type(None))) for n in x))
   return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(*specs[i]) for i in present), out_specs=out_specs,
                        check_vma=False)(*(args[i] for i in present))
 
 
+def _shards(axes, mesh_shape: dict):
+  """The Shards of a 'seq' dimension split over mesh `axes` (a name, a tuple of names, or None: whole rows)."""
+  if axes is None:
+    return None
+  return sequence.Shards(axes, math.prod(mesh_shape[a] for a in ((axes,) if isinstance(axes, str) else axes)))
+
+
+def _on_present(fn, args, present, shards):
+  """fn over the operands that are not None (`present`, as shard_map passes them), the others None, with `shards`."""
+  def local(*xs):
+    full = list(args)
+    for i, x in zip(present, xs):
+      full[i] = x
+    return fn(*full, shards=shards)
+  return local
+
+
 def _sequence_split(length: int):
-  """(mesh, mesh axes of the `seq` split, ways) for a sequence of `length` in the active sharded step, or None."""
+  """(mesh, Shards) of a sequence of `length` split in the active sharded step, or None (whole rows)."""
   active = _ACTIVE.get()
   if active is None:
     return None
   mesh, rules = active
   axes = rules_lib.layout('sequence', (1, length), (None, 'seq'), rules, dict(mesh.shape)).spec[1]
-  if axes is None:
-    return None
-  return mesh, axes, math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+  return None if axes is None else (mesh, _shards(axes, dict(mesh.shape)))
 
 
 def sequence_ways(length: int) -> int:
   """Into how many shards the active sharded step splits a sequence of `length` (1: whole rows)."""
   split = _sequence_split(length)
-  return 1 if split is None else split[2]
+  return 1 if split is None else split[1].count
 
 
 def sequence_local(fn, args, out_ranks):
@@ -114,17 +120,11 @@ def sequence_local(fn, args, out_ranks):
   split = _sequence_split(next(a.shape[1] for a in args if a is not None))
   if split is None:
     return fn(*args, shards=None)
-  mesh, axes, ways = split
+  mesh, shards = split
+  axes = shards.axis
   names = (axes,) if isinstance(axes, str) else tuple(axes)
-  shards = sequence.Shards(axes, ways)
   present = [i for i, a in enumerate(args) if a is not None]
-
-  def local(*xs):
-    full = list(args)
-    for i, x in zip(present, xs):
-      full[i] = x
-    return fn(*full, shards=shards)
-
+  local = _on_present(fn, args, present, shards)
   out_specs = tuple(P(None, axes) if r > 0 else P() for r in out_ranks)
   return jax.shard_map(local, mesh=mesh, in_specs=tuple(P(None, axes) for _ in present), out_specs=out_specs,
                        axis_names=frozenset(names), check_vma=False)(*(args[i] for i in present))
