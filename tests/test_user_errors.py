@@ -141,11 +141,15 @@ def test_every_numeric_config_key_refuses_generated_bad_values(capsys):
 
 @pytest.fixture
 def damaged_run(tiny_run, tmp_path):
-  """A copy of conftest's tiny run (checkpoints 4, 8, 12) whose newest checkpoint lost an array data file."""
+  """A copy of conftest's tiny run (checkpoints 4, 8, 12) whose newest checkpoint lost its array data files.
+
+  Every data file is cut: which file holds the parameters (rather than optimizer moments only) varies between runs,
+  and a command that restores parameters alone must meet the damage.
+  """
   run = tmp_path / 'run'
   shutil.copytree(tiny_run, run)
-  data = max((run / 'checkpoints' / '12' / 'state').glob('ocdbt.process_0/d/*'), key=lambda f: f.stat().st_size)
-  data.write_bytes(data.read_bytes()[:100])
+  for data in (run / 'checkpoints' / '12' / 'state').glob('ocdbt.process_0/d/*'):
+    data.write_bytes(data.read_bytes()[:100])
   return run
 
 
