@@ -15,7 +15,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
 from hybrid_jax.kernels import platform
-from hybrid_jax.kernels.attention import config
+from hybrid_jax.kernels.attention import config, splash_tables
 
 
 class _SinkWindowMask(mask_lib._ComputableMask):  # pylint: disable=protected-access
@@ -50,7 +50,7 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
   scale = d**-0.5 if scale is None else scale
   tp, block = config.tpu_blocks(t, block)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).transpose(0, 2, 1, 3)  # -> [B, H, Tp, D]
-  kernel = _kernel(tp, hq, window, min(sinks, t), block, bool(interpret))
+  kernel = _kernel(tp, window, min(sinks, t), block, bool(interpret))
   # Splash has no scale: fold it into q in fp32, then back to the input dtype.
   qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
   if segment_ids is None:
@@ -64,8 +64,11 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(tp, heads, window, sinks, block, interpret):
-  """One splash kernel per static configuration (building its block mask is host work; cache it)."""
+def _kernel(tp, window, sinks, block, interpret):
+  """One splash kernel per static configuration, its block tables built in closed form (`splash_tables`).
+
+  Every head shares the mask, so the tables have one head-shard row that splash broadcasts over the heads.
+  """
   shape = (tp, tp)
   if window is None:
     head_mask = mask_lib.CausalMask(shape)
@@ -75,7 +78,10 @@ def _kernel(tp, heads, window, sinks, block, interpret):
     head_mask = mask_lib.LocalMask(shape, window_size=(window - 1, 0), offset=0)
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                             block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-  with jax.ensure_compile_time_eval():  # Its mask arrays are constants, even when first built under jit.
-    return splash.make_splash_mha(mask_lib.MultiHeadMask([head_mask] * heads), block_sizes=sizes, head_shards=1,
-                                  q_seq_shards=1, interpret=interpret)
-
+  tables = functools.partial(splash_tables.mask_info, tp, block, block, window=window, sinks=sinks)
+  with jax.ensure_compile_time_eval():  # The tables are constants, even when first built under jit.
+    fwd, dkv = (jax.tree.map(jnp.asarray, tables(dkv=dkv)) for dkv in (False, True))
+  return splash.splash_attention_kernel.SplashAttentionKernel(
+      fwd, fwd, dkv, block_sizes=sizes, is_mqa=False, save_residuals=False,
+      mask_value=splash.splash_attention_kernel.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
+      residual_checkpoint_name=None, mask_function=head_mask.mask_function, interpret=interpret)
