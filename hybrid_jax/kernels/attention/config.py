@@ -119,6 +119,9 @@ def all_gpu_blocks(budget=None, head_dims=(64, 128), itemsizes=(2,)):
 
 TPU_LANES = 128  # Splash blocks must be multiples of the 128-wide lane dimension.
 TPU_BLOCK = 512
+# Splash's block tables (next block, block mask) sit in the kernel's scalar memory, 1 MiB on v5p; 768 KiB is what
+# causal tables take at 262K tokens in 512-blocks, which Mosaic compiles. Longer rows attend in query chunks.
+TPU_TABLE_BYTES = 3 << 18
 
 
 def tpu_blocks(t, block=None):
