@@ -3,9 +3,9 @@
 XLA's CPU runtime allocates an executable's temporary buffers on every call and frees them when it returns. glibc
 serves each block above its mmap threshold (128 KiB, raised on its own to at most 32 MiB) with a fresh mapping and
 unmaps it when freed, so every training step on a CPU faults all its temporaries in again, page by page, and the
-kernel zeroes each page. On the mini-study's model that was a fifth of the step (BENCHMARKS.md, "the mini-study's
-step on a CPU"). With the thresholds raised, blocks come from the heap and are reused; a process keeps up to
-TRIM_THRESHOLD of freed memory at the top of its heap.
+kernel zeroes each page. On the mini-study's model that was a fifth of the step (docs/notebook/mini_study.md,
+"CPU: the mini-study's step on a CPU"). With the thresholds raised, blocks come from the heap and are reused; a
+process keeps up to TRIM_THRESHOLD of freed memory at the top of its heap.
 
 That holds for the main heap only. A thread allocating in one of glibc's per-thread arenas gets a block above the
 arena heap size (64 MiB) as a fresh mapping whatever the thresholds, and XLA runs a step on whichever thread it

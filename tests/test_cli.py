@@ -129,7 +129,7 @@ def test_a_url_workdir_is_refused_without_making_a_local_folder(tmp_path, comman
 def test_derived_defaults_follow_an_override_of_steps():
   default = config_flags.load_config(config_flags.DEFAULT_CONFIG, [])
   assert (default.train.steps, default.train.warmup_steps, default.train.eval_every,
-          default.train.checkpoint_every) == (300, 30, 100, 100)  # The main job, as BENCHMARKS.md records it.
+          default.train.checkpoint_every) == (300, 30, 100, 100)  # BENCHMARKS.md, "The main job on CPU".
   short = config_flags.load_config(config_flags.DEFAULT_CONFIG, ['--config.train.steps=2'])
   assert (short.train.warmup_steps, short.train.eval_every, short.train.checkpoint_every) == (0, 1, 1)
   long = config_flags.load_config(config_flags.DEFAULT_CONFIG, ['--config.train.steps', '1000'])

@@ -33,8 +33,9 @@ def test_study_shapes():
 
 
 def test_the_main_job_and_study_scales_are_configured_as_benchmarks_md_records():
-  """BENCHMARKS.md's tiny step: d_model 128, 4 layers, 4 heads / 2 KV heads of 32, SwiGLU 320, bytes (257),
-  755,072 parameters, float32, batch 8 x 512; the study scales compute in bfloat16 with remat save_dots."""
+  """The tiny step of BENCHMARKS.md, "The main job on CPU": d_model 128, 4 layers, 4 heads / 2 KV heads of 32,
+  SwiGLU 320, bytes (257), 755,072 parameters, float32, batch 8 x 512; the study scales compute in bfloat16 with
+  remat save_dots."""
   from hybrid_jax.models import counting
   c = study_config('swa128_nope', 'tiny')
   m = c.model

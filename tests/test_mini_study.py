@@ -216,7 +216,7 @@ def test_windows_and_distances_follow_the_preset():
 
 @pytest.mark.slow
 def test_mini_preset(tmp_path):
-  """The real preset, one seed (12-25 minutes on 2 cores, BENCHMARKS.md)."""
+  """The real preset, one seed (12-25 minutes on 2 cores, BENCHMARKS.md, "The mini-study")."""
   assert study_command.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
   _check_report(tmp_path, 'mini', seeds=presets.PRESETS['mini'].seeds)
 

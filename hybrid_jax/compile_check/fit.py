@@ -217,8 +217,8 @@ def candidates(config, per_chip: float, data_ways: int, ici_data: int | None = N
   a slice (default `data_ways`)."""
   accum, remat = int(config.train.grad_accum), config.model.remat
   shard = {'parallel.shard_optimizer': True} if data_ways > 1 and not config.parallel.shard_optimizer else {}
-  # 'minimal' saves no more than 'save_dots' (BENCHMARKS.md: 35.6 against 35.5 GB for S1 full on v5p), so it is
-  # offered to a step without remat only.
+  # 'minimal' saves no more than 'save_dots' (35.6 against 35.5 GB for S1 full on v5p: BENCHMARKS.md, "TPU memory,
+  # compiled on CPU"), so it is offered to a step without remat only.
   minimal = {'model.remat': 'minimal'} if remat == 'none' else {}
   fsdp = ({'parallel.data': 1, 'parallel.fsdp': -1}
           if int(config.parallel.tensor) == 1 and int(config.parallel.fsdp) != -1 and data_ways > 1 else {})

@@ -167,7 +167,7 @@ def get_config(arg=None):
   t.retrieval_probe_samples = 4  # Needle prompts per depth.
   t.retrieval_probe_length = 0  # Prompt length in tokens; 0 = data.seq_len.
   # Peak bf16 TFLOP/s of one device, for the logged MFU (model FLOPs from hybrid_jax.models.flops / this peak).
-  # 0 = look it up by device kind (hybrid_jax.train.metrics.PEAK_BF16_TFLOPS); with no entry (CPU) only model
+  # 0 = look it up by device kind (the chip table, hybrid_jax.parallel.chips); with no entry (CPU) only model
   # TFLOP/s per device is logged.
   t.peak_tflops = 0.0
   # Profile train steps profile_start + 1 .. profile_start + profile_steps (0 = off): the trace goes to

@@ -48,7 +48,7 @@ SCALES = {
                    vocab_size=257, dtype='float32'),
         data=dict(seq_len=512),
         # Warmup, eval and checkpoint intervals follow steps. Every held-out evaluation reads the same 8 batches as
-        # the final one, so the curve compares like with like (BENCHMARKS.md, the main job's curve).
+        # the final one, so the curve compares like with like (BENCHMARKS.md, "The main job on CPU").
         train=dict(steps=300, batch_size=8, lr=1.5e-3, eval_batches=8),
     ),
     's1': dict(model=dict(d_model=384, num_layers=10, num_heads=6, d_ff=960)),
@@ -86,7 +86,8 @@ MIXER_SHAPES = {
 # Shared by S1-S5: the study's block and context.
 _STUDY = dict(
     # remat save_dots: on CPU at S1 (2K x 1) 8.9 s/step and 2.45 GiB against 12.0 s and 4.0 GiB without remat
-    # (BENCHMARKS.md); at 16K x 8 on a GPU without remat the saved activations would approach the H200's memory.
+    # (BENCHMARKS.md, "The training step on CPU"); at 16K x 8 on a GPU without remat the saved activations would
+    # approach the H200's memory.
     model=dict(num_kv_heads=2, head_dim=64, vocab_size=STUDY_VOCAB, dtype='bfloat16', scan_layers=True,
                remat='save_dots'),
     data=dict(seq_len=16_384),

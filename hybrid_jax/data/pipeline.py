@@ -30,8 +30,8 @@ _MIX_PROBE_DOCS = 1000
 def _read_options() -> grain.ReadOptions:
   """How documents are read: by _READ_THREADS threads, or in the consuming thread when this process may run on one
   core only (a run bound to its share of the cores, hybrid_jax.sweep.local): there the threads could only take turns
-  with the training step on that core, and a batch cost 20-50% more CPU with them (BENCHMARKS.md, "the mini-study's
-  input generated once")."""
+  with the training step on that core, and a batch cost 20-50% more CPU with them (docs/notebook/mini_study.md,
+  "CPU: the mini-study's input generated once")."""
   if cores.count() == 1:
     return grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   return grain.ReadOptions(num_threads=_READ_THREADS, prefetch_buffer_size=_READ_AHEAD)

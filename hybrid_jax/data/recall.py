@@ -12,7 +12,7 @@ as the query `KEYVALUE`, whose value the model can only copy from the pair (one 
 needle-in-a-haystack document). The value comes before the key in the pair so that retrieval is one content match:
 the query's key attends to the pair's key, where an earlier layer has gathered the value from the positions just
 before it (the key-then-value order of the query would need an induction circuit, which tiny models on a few
-hundred steps did not form; BENCHMARKS.md).
+hundred steps did not form; docs/notebook/mini_study.md, "First run: 800 steps").
 
 The distance of a query, in tokens (= characters: byte tokenizer, ASCII), is from the pair's last key character to
 the query's last key character, counting both: the smallest window (the query itself included) through which the
@@ -220,7 +220,8 @@ def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str]] |
   """(start, `VALUEKEY` text) of each distractor record: a record whose key is never asked, at a free place apart
   from every other record by >= 1 character. Why: with every record asked once, "the nearest record not asked yet"
   names the right one for most queries, a rule a full-attention layer can follow without matching the key (the Full
-  arch learned it: BENCHMARKS.md); records nobody asks for break that rule."""
+  arch learned it: docs/notebook/mini_study.md, "Why the hybrids now learn"); records nobody asks for break that
+  rule."""
   taken = bytearray(s.length + 1)
   for p, q in placed:
     _take(taken, p, s)

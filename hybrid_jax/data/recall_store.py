@@ -2,9 +2,10 @@
 
 Why: the mini-study's arches of one seed train on the same recall documents in the same order, and generating a
 document (numpy draws, a few hundred microseconds) was a tenth of the mini preset's CPU training step
-(BENCHMARKS.md). A store holds the text of chosen documents of one split: `hybrid_jax.data.recall.build_store` writes it, and a RecallSource
-reads from it whenever the environment variable HYBRID_JAX_RECALL_STORE names the directory that holds it;
-documents not in the store are generated as before. A store is named by a digest of the recall settings and the
+(docs/notebook/mini_study.md, "CPU: the mini-study's input generated once"). A store holds the text of chosen
+documents of one split: `hybrid_jax.data.recall.build_store` writes it, and a RecallSource reads from it whenever
+the environment variable HYBRID_JAX_RECALL_STORE names the directory that holds it; documents not in the store are
+generated as before. A store is named by a digest of the recall settings and the
 split, so a source only ever reads a store of its own documents; the text is the generator's own output, so a run
 trains on exactly the documents it would have generated.
 

@@ -69,8 +69,9 @@ def formation(run_curves: dict, full_layers, preset: Preset) -> dict:
   - 'ablation': the first of those over the layers (the laziness trend is read from it);
   - 'mass_layers': per layer, the first step at which its best head's attention mass on the record there reaches
     the formation threshold. Mass misses a full layer that reads the record from the positions a sliding layer
-    copied it to (BENCHMARKS.md), which is why ablation decides. Whole layers, not single heads: in 4 of 15 runs
-    that recall every query, no single head's ablation cost more than 0.19 (heads that back each other up)."""
+    copied it to (docs/notebook/mini_study.md, "Why the hybrids did not learn the 1-pair task"), which is why
+    ablation decides. Whole layers, not single heads: in 4 of 15 runs that recall every query, no single head's
+    ablation cost more than 0.19 (heads that back each other up)."""
   name = probe_names(preset)[2]
   step = lambda key, threshold: _formation_step(run_curves.get(key, []), threshold)
   layers = {str(i): step(f'probe_recall_ablation_layer{i}_all_{name}', preset.ablation_threshold)

@@ -96,13 +96,14 @@ class Preset:
 
 # The mini task: 4 key-value records per document, keys of one of 16 letters, one-digit values (chance 0.1), written
 # `VALUEKEY` in '.' filler and asked `KEYVALUE` later; 10% of documents are text. Why one digit and several pairs
-# (BENCHMARKS.md): with one multi-digit pair per document the full layers learn the shortcut "attend to the only
-# digits there are", which cannot tell the first digit from the others (byte accuracy 0.1-0.3, exact match 0 after
-# 3000 steps for every hybrid); several pairs force the key match, and a one-digit value needs no ordering circuit.
+# (docs/notebook/mini_study.md, "Why the hybrids did not learn the 1-pair task"): with one multi-digit pair per
+# document the full layers learn the shortcut "attend to the only digits there are", which cannot tell the first
+# digit from the others (byte accuracy 0.1-0.3, exact match 0 after 3000 steps for every hybrid); several pairs
+# force the key match, and a one-digit value needs no ordering circuit.
 # Two distractor records (never asked) per document: without them every record is asked once, so "the value of the
 # nearest record not asked yet" answers most queries with no key match, and Full (whose first layer sees every
 # record) learned that rule and stayed at 0.58 between the windows; with them every arch, Full included, learns the
-# key match (BENCHMARKS.md, "the mini-study with distractors").
+# key match (docs/notebook/mini_study.md, "CPU: the mini-study with distractors").
 _TASK = (('pairs', 4), ('key_chars', 16), ('value_length', 1), ('filler', '.'), ('text_fraction', 0.1),
          ('distractors', 2))
 # 8 heads of width 16, each with its own keys and values. Eight heads, not four: the recall circuit (a head that
@@ -136,7 +137,7 @@ PRESETS = {
     # 16 rows a step, 5,000 steps: nine arches a seed instead of four. A step of 16 rows takes 42 ms on one core
     # against 95 ms for 32 (SWA-128; GDN 69 against 117 ms), so a run costs 2.3-2.7x less than the former 32 x 6,000.
     # At seed 0 seven of nine arches learn every bucket (>= 0.96); Full and SWA-128-NoPE, the slowest formers at 32
-    # rows too, form in 2 of 5 seeds each by step 5,000 (BENCHMARKS.md, the mini-study at 5 seeds with NoPE and Full).
+    # rows too, form in 2 of 5 seeds each by step 5,000 (BENCHMARKS.md, "The mini-study").
     # One seed of the nine arches: 23:52 on 2 cores.
     'mini': Preset(**_MINI, model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, note='2 CPU cores, two runs at a time'),
     # Two cycles (sliding / full / sliding / full; 1:3 as three sliding layers under one full layer), so a sliding

@@ -13,7 +13,7 @@ effect does, and 'not separable at this spread' when the seeds cannot tell. Clai
 (laziness, the gradient signal behind it) are read as a trend over every run instead (hybrid_jax.study.trend). A claim whose precondition fails (the
 arch never learned to recall where the claim is about) is 'not assessable' and says why.
 
-Everything here works on the report's summary (hybrid_jax.study.mini.summarize), so the logic is tested on
+Everything here works on the report's summary (hybrid_jax.study.mini_scoring.summarize), so the logic is tested on
 hand-built summaries without training anything.
 """
 

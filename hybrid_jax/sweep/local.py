@@ -3,8 +3,9 @@
 With several GPUs each of the N slots gets its own share of them (CUDA_VISIBLE_DEVICES), so runs never share a
 device; with one GPU the slots split its memory; with none the slots split this process's CPU cores (each child is
 bound to its own cores, so XLA sizes its thread pool to them: two 2-thread pools on 2 cores time-share each core and
-ran 13% slower than one core each, BENCHMARKS.md). A child asks the kernel for SIGTERM when the runner dies, so a
-killed runner leaves no trainer behind: each checkpoints and exits, and the rerun resumes it.
+ran 13% slower than one core each: docs/notebook/mini_study.md, "CPU: the mini-study's step on a CPU"). A child
+asks the kernel for SIGTERM when the runner dies, so a killed runner leaves no trainer behind: each checkpoints and
+exits, and the rerun resumes it.
 """
 
 import ctypes
