@@ -2,9 +2,10 @@
 mask block pair by block pair: every array, dtype and shape equal, forward and dkv, over whole rows and query
 chunks, unequal q/kv blocks, windows on and off block edges (and ones whose corner block holds a single visible
 key), window 1, sinks inside and across blocks; the kernel the TPU path builds equals `make_splash_mha`'s for any
-head count; and a row attended in query chunks equals the row attended whole."""
+head count; a row attended in query chunks equals the row attended whole and lowers through Mosaic."""
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from hybrid_jax.kernels.attention import config
 from hybrid_jax.kernels.attention import pallas_tpu
 from hybrid_jax.kernels.attention import splash_tables
+from hybrid_jax.parallel import mesh as mesh_lib
 
 
 def assert_same_info(got, want):
@@ -114,3 +116,21 @@ def test_a_row_in_query_chunks_equals_the_row_whole(monkeypatch, window, sinks, 
   assert splash_tables.query_chunk(1024, 128, config.TPU_TABLE_BYTES, window, sinks) == 256
   for got, want in zip(run(), whole):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_chunked_row_compiles_for_tpu_through_mosaic(monkeypatch):
+  """Each query chunk lowers to its own splash kernels (forward, dq, dkv), and the step compiles for a TPU chip."""
+  try:
+    device = mesh_lib.topology_devices('v5e:2x2')[0]
+  except mesh_lib.MeshError as e:
+    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
+      raise
+    pytest.skip(f'libtpu is missing ({e})')
+  t, block = 2048, 128
+  monkeypatch.setattr(config, 'TPU_TABLE_BYTES', splash_tables.table_bytes(t - 512, 512, block))
+  assert splash_tables.query_chunk(t, block, config.TPU_TABLE_BYTES) == 512
+  spec = jax.ShapeDtypeStruct((1, t, 2, 64), jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(device))
+  loss = lambda q, k, v: pallas_tpu.attention(q, k, v, block=block, interpret=False).astype(jnp.float32).sum()
+  lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(spec, spec, spec)
+  assert lowered.as_text().count('@tpu_custom_call(') == 3 * (t // 512)
+  assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
