@@ -39,7 +39,8 @@ def _entry(accuracy, restricted, extrapolation=None, loss=None, formation=None, 
            first=None):
   """A summary entry from per-seed values: accuracy / restricted {bucket: [per seed]}; `formation` the
   ablation-based formation steps, `first` the recall-based ones (default: the same), `signal` the gradient signal
-  between the windows."""
+  between the windows (also its gradient share at step 250); 'per_seed' holds the same values seed by seed, every
+  run formed at its `first` step (the converged verdicts in depth: tests/test_convergence_verdicts.py)."""
   buckets = presets.BUCKETS
   acc = {b: spread(accuracy.get(b, [1.0, 1.0, 1.0])) for b in buckets}
   acc['all'] = spread(accuracy.get('all', [1.0, 1.0, 1.0]))
@@ -47,8 +48,14 @@ def _entry(accuracy, restricted, extrapolation=None, loss=None, formation=None, 
   drop = {b: spread([x - y for x, y in zip(acc[b]['values'], res[b]['values'])]) for b in buckets}
   ext = {b: spread((extrapolation or {}).get(b, [0.0, 0.0, 0.0])) for b in presets.EXTRAPOLATION_BUCKETS}
   heads = formation or [500, 500, 500]
+  loss = spread(loss or [0.5, 0.5, 0.5])
+  pick = lambda s, i: s['values'][i] if i < len(s['values']) else None
+  per_seed = {i: {'formed': True, 'formation_step': step, 'formed_at': step, 'held_out_loss': pick(loss, i),
+                  'recall': {b: pick(acc[b], i) for b in acc}, 'extrapolation': {b: pick(ext[b], i) for b in ext},
+                  'gradient_share': {BETWEEN: [(250, signal[i])] if signal else []}}
+              for i, step in enumerate(first or heads)}
   return {'seeds': list(range(len(heads))), 'window': window, 'accuracy': acc, 'restricted': res, 'drop': drop,
-          'extrapolation': ext, 'held_out_loss': spread(loss or [0.5, 0.5, 0.5]),
+          'extrapolation': ext, 'held_out_loss': loss, 'per_seed': per_seed,
           'gradient_signal': {b: spread(signal if b == BETWEEN and signal else [1.0] * len(heads)) for b in buckets},
           'formation': {'threshold': 0.5, 'ablation_threshold': 0.25,
                         'ablation': {'step': spread(heads), 'never': never},
@@ -145,12 +152,12 @@ def test_gradient_signal_must_shrink_as_the_window_grows():
   summary = lambda signals: {label: _entry({}, {}, window=WINDOWS[label], signal=values, **kw)
                              for label, values in zip(WINDOWS, signals)}
   shrinking = summary([[0.9, 1.0, 0.8, 0.95, 0.85], [0.5, 0.6, 0.55, 0.45, 0.5], [0.1, 0.2, 0.15, 0.1, 0.12]])
-  run = lambda s: verdicts.gradient_mechanism(s, presets.WINDOW_ARCHES, BETWEEN, 1000)
+  run = lambda s: verdicts.gradient_mechanism(s, presets.WINDOW_ARCHES, BETWEEN)
   assert run(shrinking).status == REPRODUCED
   growing = summary([[0.1, 0.2, 0.15, 0.1, 0.12], [0.5, 0.6, 0.55, 0.45, 0.5], [0.9, 1.0, 0.8, 0.95, 0.85]])
   assert run(growing).status == NOT_REPRODUCED
   assert run(summary([[0.5] * 5] * 3)).status == NOT_REPRODUCED
-  assert 'q/k gradient norm between the windows' in run(shrinking).measured
+  assert 'q/k gradient share between the windows, the probes before step 500' in run(shrinking).measured
 
 
 def test_emergence_differs_while_final_recall_converges():
@@ -167,16 +174,19 @@ def test_emergence_differs_while_final_recall_converges():
 
 
 def test_nope_needs_long_recall_and_no_loss_cost():
-  far = presets.BEYOND_CONTEXT
-  rope = _entry({}, {}, extrapolation={far: [0.1, 0.15, 0.05]}, loss=[0.50, 0.51, 0.50])
-  good = _entry({}, {}, extrapolation={far: [0.8, 0.9, 0.85]}, loss=[0.50, 0.505, 0.50])
-  assert verdicts.nope({'SWA-128': rope, 'SWA-128-NoPE': good}, far).status == REPRODUCED
-  costly = _entry({}, {}, extrapolation={far: [0.8, 0.9, 0.85]}, loss=[0.60, 0.61, 0.62])
-  assert verdicts.nope({'SWA-128': rope, 'SWA-128-NoPE': costly}, far).status == NOT_REPRODUCED
-  no_gain = _entry({}, {}, extrapolation={far: [0.1, 0.12, 0.08]}, loss=[0.50, 0.50, 0.51])
-  assert verdicts.nope({'SWA-128': rope, 'SWA-128-NoPE': no_gain}, far).status == NOT_REPRODUCED
-  noisy = _entry({}, {}, extrapolation={far: [0.9, 0.0, 0.2]}, loss=[0.50, 0.50, 0.51])
-  assert verdicts.nope({'SWA-128': rope, 'SWA-128-NoPE': noisy}, far).status == NOT_SEPARABLE
+  far, kw = presets.BEYOND_CONTEXT, dict(formation=[500] * 5)
+  nope = lambda no_pe: verdicts.nope({'SWA-128': rope, 'SWA-128-NoPE': no_pe}, [far])
+  rope = _entry({}, {}, extrapolation={far: [0.1, 0.15, 0.05, 0.1, 0.12]}, loss=[0.50, 0.51, 0.50, 0.5, 0.5], **kw)
+  good = _entry({}, {}, extrapolation={far: [0.8, 0.9, 0.85, 0.8, 0.82]}, loss=[0.50, 0.505, 0.50, 0.5, 0.5], **kw)
+  assert nope(good).status == REPRODUCED
+  costly = _entry({}, {}, extrapolation={far: [0.8, 0.9, 0.85, 0.8, 0.82]}, loss=[0.60, 0.61, 0.62, 0.6, 0.6], **kw)
+  assert nope(costly).status == NOT_REPRODUCED
+  no_gain = _entry({}, {}, extrapolation={far: [0.1, 0.12, 0.08, 0.1, 0.11]}, loss=[0.50, 0.50, 0.51, 0.5, 0.5], **kw)
+  assert nope(no_gain).status == NOT_REPRODUCED
+  noisy = _entry({}, {}, extrapolation={far: [0.9, 0.0, 0.2, 0.5, 0.1]}, loss=[0.50, 0.50, 0.51, 0.5, 0.5], **kw)
+  assert nope(noisy).status == NOT_SEPARABLE
+  three = _entry({}, {}, extrapolation={far: [0.8, 0.9, 0.85]}, loss=[0.50, 0.505, 0.50])  # Fewer than 5 pairs.
+  assert nope(three).status == NOT_SEPARABLE and 'only 3 seed(s)' in nope(three).text()
 
 
 def test_one_seed_is_never_judged():

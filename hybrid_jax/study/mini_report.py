@@ -1,6 +1,6 @@
 """The mini-study's verdicts and plain findings, read from the summary over seeds (hybrid_jax.study.mini_scoring)."""
 
-from hybrid_jax.study import verdicts
+from hybrid_jax.study import convergence, verdicts
 from hybrid_jax.study.presets import (ARCHES, BEYOND_CONTEXT, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS,
                                       RECURRENT_ARCHES, WINDOW_ARCHES, Preset, run_config)
 from hybrid_jax.study.verdicts import pm
@@ -38,9 +38,9 @@ def judge(summary: dict, preset: Preset) -> list:
           verdicts.where_retrieval_lives(summary, restriction_cases(recurrent), '',
                                          'Where retrieval lives (recurrent hybrids)'),
           verdicts.laziness(summary, WINDOW_ARCHES, preset.probe_every, preset.steps, lazy_caveat),
-          verdicts.gradient_mechanism(summary, WINDOW_ARCHES, _BETWEEN, preset.signal_until, lazy_caveat),
+          verdicts.gradient_mechanism(summary, WINDOW_ARCHES, _BETWEEN, lazy_caveat),
           verdicts.emergence_vs_final(summary),
-          verdicts.nope(summary, BEYOND_CONTEXT)]
+          verdicts.nope(summary, [b for b in EXTRAPOLATION_BUCKETS if b not in BUCKETS])]
 
 
 def _formed(f: dict, what: str, steps: int, probe_every: int, seeds: int) -> str:
@@ -48,6 +48,15 @@ def _formed(f: dict, what: str, steps: int, probe_every: int, seeds: int) -> str
     return f'{what}: never in {steps} steps'
   return (f"{what}: step {pm(f['step'], 0)}" +
           (f" (never in {f['never']} seed(s), counted as step {steps + probe_every})" if f['never'] else ''))
+
+
+def _converged(e: dict) -> str:
+  runs = list(e['per_seed'].values())
+  steps = [r['formation_step'] for r in runs if r['formed']]
+  capped = sum(r['formed'] is False for r in runs)
+  return (f"by the stopping rule (recall {_BEYOND} at least {convergence.THRESHOLD} at {convergence.CONSECUTIVE} "
+          f"consecutive probes) formed in {len(steps)} of {len(runs)} seed(s)" +
+          (f" at step {pm(verdicts.spread(steps), 0)}" if steps else '') + (f", {capped} capped" if capped else ''))
 
 
 def findings(report: dict) -> list[str]:
@@ -89,7 +98,7 @@ def findings(report: dict) -> list[str]:
         f"(best head): " + '; '.join(mass) + f"; recall lost {_BEYOND} by ablating " + '; '.join(ablation) + '. ' +
         _formed(f['first'], f"recall {_BEYOND} reached {f['threshold']}", p['steps'], p['probe_every'], n) + '; ' +
         _formed(f['ablation'], f"ablating a layer's full heads first cost {f['ablation_threshold']} there",
-                p['steps'], p['probe_every'], n) +
+                p['steps'], p['probe_every'], n) + '; ' + _converged(e) +
         f"; gradient to the full layers' queries and keys up to step {p['signal_until']}: " +
         ', '.join(f"{b} {pm(e['gradient_signal'][b], 4)}" for b in BUCKETS) + '.')
   lines.append("Not shown: anything about the study's scales, token budgets, natural-text retrieval or 16K context.")

@@ -3,16 +3,20 @@
 A run is scored on held-out recall documents by distance bucket (hybrid_jax.study.presets.BUCKETS): as trained,
 with its full-attention layers restricted to the small window (hybrid_jax.inspection.windowed), on documents twice
 the training length, and by head ablation (hybrid_jax.eval.recall_mechanism). Its probe curves (logged during
-training) give when retrieval formed and the gradient signal that reached the full layers before it did.
+training) give when retrieval formed and the gradient signal that reached the full layers before it did; whether a
+run formed by the stopping rule (hybrid_jax.study.convergence) is read from the same curves.
 """
 
+import math
 import pathlib
+import re
 
 import numpy as np
 
 from hybrid_jax.analysis import callbacks
 from hybrid_jax.inspection.windowed import Restriction
 from hybrid_jax.eval import recall as recall_eval, recall_mechanism
+from hybrid_jax.study import convergence
 from hybrid_jax.study.presets import ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, Preset, extrapolation_data
 from hybrid_jax.study.verdicts import spread
 from hybrid_jax.train import metrics as metrics_lib
@@ -97,6 +101,58 @@ def gradient_signal(run_curves: dict, full_layers, preset: Preset) -> list:
   return out
 
 
+def converged(run_curves: dict, preset: Preset) -> dict:
+  """Whether the run formed by the stopping rule (hybrid_jax.analysis.formation), read from its probe curve of
+  recall beyond the large window: {'formed': True, or False for a run that reached its step budget without forming
+  (capped), or None without that curve; 'formation_step' and 'formed_at': the first probe of the streak and the
+  probe that confirmed it}."""
+  curve = run_curves.get(f'probe_recall_accuracy_{probe_names(preset)[2]}')
+  if not curve:
+    return {'formed': None, 'formation_step': None, 'formed_at': None}
+  steps, values = zip(*curve)
+  at = convergence.formed_at(steps, values)
+  return {'formed': at is not None, 'formation_step': convergence.formation_step(steps, values), 'formed_at': at}
+
+
+def gradient_share(run_curves: dict, preset: Preset) -> list:
+  """Per bucket of BUCKETS, [(step, share)] at every probe: the norm of the gradient that the bucket's answers send
+  to the full layers' queries and keys (over every full layer), over the sum of that norm over the buckets.
+
+  The claim is about how much of the full layers' training signal long-range answers carry, so the norm is taken
+  relative to all answers'. The probe logs one norm per bucket (of the gradient of that bucket's mean answer loss),
+  neither the gradient of all answers together nor the buckets' query counts, so the sum of the buckets' norms
+  stands for all answers' gradient (unweighted: each bucket's answers count alike)."""
+  names = probe_names(preset)
+  values = {}  # step -> {(bucket, layer): value}; a step probed twice (a resumed run) keeps its last values.
+  for key, curve in run_curves.items():
+    for j, name in enumerate(names):
+      match = re.fullmatch(rf'probe_qk_grad_layer(\d+)_{name}', key)
+      if match:
+        for step, value in curve:
+          values.setdefault(step, {})[(j, match.group(1))] = value
+  shares = [[] for _ in names]
+  for step, by_layer in sorted(values.items()):
+    norms = [math.sqrt(sum(v ** 2 for (b, _), v in by_layer.items() if b == j)) for j in range(len(names))]
+    if sum(norms) > 0:
+      for j, norm in enumerate(norms):
+        shares[j].append((step, norm / sum(norms)))
+  return shares
+
+
+def per_seed(run: dict, preset: Preset) -> dict:
+  """What the verdicts on converged runs read of one run (hybrid_jax.study.verdicts pairs runs by seed): how it
+  formed (converged), its final recall by bucket ('all': every query), recall at the extrapolation length by
+  bucket, held-out loss, and its gradient share by bucket (gradient_share)."""
+  recall = {bucket: run['recall']['buckets'][j]['accuracy'] for j, bucket in enumerate(BUCKETS)}
+  extrapolation = ({bucket: run['extrapolation']['buckets'][j]['accuracy']
+                    for j, bucket in enumerate(EXTRAPOLATION_BUCKETS)} if 'extrapolation' in run else {})
+  curves = run.get('curves', {})
+  return {**converged(curves, preset), 'steps': run.get('steps'),
+          'recall': {**recall, 'all': run['recall']['accuracy']}, 'extrapolation': extrapolation,
+          'held_out_loss': run.get('packed_held_out_loss'),
+          'gradient_share': dict(zip(BUCKETS, gradient_share(curves, preset)))}
+
+
 def _full_layers(result: dict) -> list[int]:
   """Indices of the layers with full-attention heads (full layers and head-wise layers)."""
   return [int(layer) for layer in result['ablation']['layers']]
@@ -114,7 +170,8 @@ def summarize(runs: dict, preset: Preset) -> dict:
   """Per arch, over seeds (mean, standard deviation across seeds, and the per-seed values): accuracy by bucket as
   trained and restricted, the drop, recall at the extrapolation length, held-out loss, each full layer's final
   retrieval-head scores by bucket (attention mass and head ablation), when retrieval formed, and the early
-  gradient signal to the full layers' queries and keys."""
+  gradient signal to the full layers' queries and keys; and 'per_seed': {seed: per_seed(run)}, for the verdicts
+  that pair runs by seed or read only the runs that formed."""
   out = {}
   late = preset.steps + preset.probe_every  # A head that never formed counts as forming after the run.
   for label in ARCHES:
@@ -153,5 +210,6 @@ def summarize(runs: dict, preset: Preset) -> dict:
       steps = [r['formation'].get(kind) for r in seeds if 'formation' in r]
       entry['formation'][kind] = {'step': spread([late if s is None else s for s in steps]),
                                   'never': sum(s is None for s in steps)}
+    entry['per_seed'] = {r['seed']: per_seed(r, preset) for r in seeds}
     out[label] = entry
   return out

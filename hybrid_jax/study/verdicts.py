@@ -10,7 +10,9 @@ quantities (mean, standard deviation and per-seed values over seeds) into one of
 - 'unclear': anything else, including fewer than two seeds (no spread measured).
 A verdict then reads 'reproduced' when the study's direction comes out, 'not reproduced' when the opposite or no
 effect does, and 'not separable at this spread' when the seeds cannot tell. Claims about an order across windows
-(laziness, the gradient signal behind it) are read as a trend over every run instead (hybrid_jax.study.trend). A claim whose precondition fails (the
+(laziness, the gradient signal behind it) are read as a trend over every run instead (hybrid_jax.study.trend). The
+claims about converged models (emergence vs final recall, NoPE) are read on the runs that formed by the stopping rule,
+seed by seed, with the statistics of hybrid_jax.study.convergence. A claim whose precondition fails (the
 arch never learned to recall where the claim is about) is 'not assessable' and says why.
 
 Everything here works on the report's summary (hybrid_jax.study.mini_scoring.summarize), so the logic is tested on
@@ -22,7 +24,7 @@ import dataclasses
 import numpy as np
 from scipy import stats
 
-from hybrid_jax.study import trend
+from hybrid_jax.study import convergence, trend
 
 REPRODUCED = 'reproduced'
 NOT_REPRODUCED = 'not reproduced'
@@ -34,6 +36,8 @@ NOT_ASSESSABLE = 'not assessable'
 MIN_ACCURACY_EFFECT = 0.1
 MIN_LOSS_EFFECT = 0.01
 LEARNED = 0.5  # Recall accuracy (seed mean) from which an arch counts as retrieving in a bucket.
+FINAL_MARGIN = 0.05  # Formed runs' final recall within this of the best arch's counts as converged.
+MIN_PAIRS = 5  # Seeds formed in both arches that a paired comparison needs: with fewer, one seed's luck decides.
 
 
 def spread(values) -> dict:
@@ -191,85 +195,156 @@ def laziness(summary: dict, window_labels, probe_every: int, steps: int, caveat:
 _LAZY_CLAIM = 'a larger sliding window delays the formation of retrieval heads in the full-attention layers.'
 
 
-def gradient_mechanism(summary: dict, window_labels, bucket: str, signal_until: int, caveat: str = '') -> Verdict:
-  """The study's explanation of laziness: the gradient that long-range answers (here: those in `bucket`, where a
-  larger window starts to serve them) send to the full layers' queries and keys before formation shrinks as the
-  window grows. A trend over every run of `window_labels`; the signal is summary[label]['gradient_signal']."""
+def gradient_mechanism(summary: dict, window_labels, bucket: str, caveat: str = '') -> Verdict:
+  """The study's explanation of laziness: before formation, long-range answers (here: those in `bucket`, where a
+  larger window starts to serve them) carry a smaller share of the gradient into the full layers' queries and keys
+  as the window grows. Each run's value is its gradient share in `bucket` (per_seed 'gradient_share', see
+  hybrid_jax.study.mini_scoring.gradient_share) averaged over the probes before the earliest formation among the
+  runs of `window_labels` (every probe when none formed), so every run is read at the same point of training and
+  before any formed; a trend over every run (hybrid_jax.study.trend)."""
   present = [label for label in window_labels if label in summary]
-  values = lambda e: e['gradient_signal'][bucket]['values']
-  if len(present) < 2 or not any(values(summary[label]) for label in present):
+  steps = [r['formation_step'] for label in present for r in _formed(summary[label]).values()]
+  until = min(steps) if steps else None
+
+  def share(run):
+    early = [v for step, v in run['gradient_share'].get(bucket, []) if until is None or step < until]
+    return float(np.mean(early)) if early else None
+
+  values = {label: [share(r) for r in summary[label]['per_seed'].values()] for label in present}
+  if len(present) < 2 or not any(v is not None for vs in values.values() for v in vs):
+    when = f'before step {until}, the earliest formation' if until is not None else 'at any probe'
     return Verdict('Gradient signal behind laziness', _SIGNAL_CLAIM, NOT_ASSESSABLE,
-                   ['needs the probe\'s gradient signal for at least two window sizes.'], 'n/a')
-  result = trend.trend(*_points(summary, present, values))
+                   [f"needs the probe's gradient share {when} for at least two window sizes."], 'n/a')
+  xs = [summary[label]['window'] for label in present for _ in values[label]]
+  result = trend.trend(xs, [v for label in present for v in values[label]])
   verdict = _TREND_STATUS[trend.judge(result, 'decreasing')]
-  per_arch = ', '.join(f"{label} (window {summary[label]['window']}) "
-                       f"{pm(summary[label]['gradient_signal'][bucket], 4)}" for label in present)
-  evidence = [f'norm of the gradient that answers {bucket} send to the full layers\' query and key projections, '
-              f'mean over the probes up to step {signal_until}: {per_arch}.',
+  per_arch = ', '.join(f"{label} (window {summary[label]['window']}) {pm(spread(values[label]), 3)}"
+                       for label in present)
+  read = 'every probe (no run formed)' if until is None else f'the probes before step {until}'
+  evidence = [f"share of the gradient into the full layers' query and key projections that answers {bucket} send "
+              f"(their norm over the sum of every bucket's norm), mean over {read}"
+              f"{'' if until is None else ', the earliest formation among these runs'}: {per_arch}.",
               f'Trend with the window: {trend.describe(result)}: {verdict}.']
   return Verdict('Gradient signal behind laziness', _SIGNAL_CLAIM, verdict, evidence + ([caveat] if caveat else []),
-                 f'q/k gradient norm {bucket}, steps ≤ {signal_until}: {per_arch}; {trend.describe(result)}')
+                 f'q/k gradient share {bucket}, {read}: {per_arch}; {trend.describe(result)}')
 
 
 _SIGNAL_CLAIM = ('a larger window weakens the gradient that long-range answers send to the full-attention layers '
                  'early in training, which is why they form their retrieval heads later.')
 
 
+def _formed(entry: dict) -> dict:
+  """{seed: per-seed record} of the runs that formed by the stopping rule."""
+  return {seed: r for seed, r in entry['per_seed'].items() if r['formed']}
+
+
+def _capped(entry: dict) -> int:
+  return sum(r['formed'] is False for r in entry['per_seed'].values())
+
+
+def _rule() -> str:
+  return (f'recall beyond the large window at least {convergence.THRESHOLD} at {convergence.CONSECUTIVE} '
+          'consecutive probes')
+
+
+def _rate(label: str, entry: dict) -> str:
+  rate = convergence.formation_rate(len(_formed(entry)), len(entry['per_seed']))
+  if rate['rate'] is None:
+    return f'{label} no runs'
+  low, high = rate['interval']
+  return f"{label} {rate['formed']} of {rate['total']} (95% exact interval {low:.2f} to {high:.2f})"
+
+
+def _paired_text(result: dict, digits: int = 2) -> str:
+  """'+0.42 (95% t interval 0.30 to 0.54; paired t p = 0.001, Wilcoxon p = 0.06; 5 pairs)'."""
+  if result['mean'] is None:
+    return f"not measured ({result['n']} pairs)"
+  low, high = result['interval']
+  wilcoxon = 'n/a' if result['wilcoxon_p'] is None else f"{result['wilcoxon_p']:.3g}"
+  dropped = f", {result['dropped']} seed(s) unpaired" if result['dropped'] else ''
+  return (f"{result['mean']:+.{digits}f} (95% t interval {low:.{digits}f} to {high:.{digits}f}; paired t p = "
+          f"{result['p']:.3g}, Wilcoxon p = {wilcoxon}; {result['n']} pairs{dropped})")
+
+
 def emergence_vs_final(summary: dict) -> Verdict:
-  """Formation steps differ by arch (Kruskal-Wallis over the arches' per-seed recall-based formation steps,
-  p < trend.ALPHA) while final recall converges (the best and the worst arch's overall recall are the 'same' by
-  `compare`); final recall that differs beyond the spreads is 'not reproduced'."""
-  labels = [label for label, e in summary.items() if len(e['formation']['first']['step']['values']) >= 2]
+  """On runs trained until formed (hybrid_jax.study.convergence): formation steps differ by arch (Kruskal-Wallis
+  over the formed runs' formation steps, p < trend.ALPHA) while the formed runs' final recall (all queries) is
+  equivalent across arches (convergence.equivalence within FINAL_MARGIN of the best). Runs capped without forming are
+  counted per arch and left out; an arch with fewer than two formed runs is not judged. Final recall 'apart' is not
+  reproduced; reproduced only with both parts; else not separable."""
+  name = 'Emergence differs, final recall converges'
+  formed = {label: _formed(entry) for label, entry in summary.items()}
+  counts = ', '.join(f"{label} {len(formed[label])} of {len(e['per_seed'])}" +
+                     (f" ({_capped(e)} capped)" if _capped(e) else '') for label, e in summary.items())
+  labels = [label for label in summary if len(formed[label]) >= 2]
+  unjudged = [label for label in summary if label not in labels]
+  trained = f'runs trained until {_rule()}, formed per arch: {counts}; capped runs are not averaged in.'
   if len(labels) < 2:
-    return Verdict('Emergence differs, final recall converges', _EMERGENCE_CLAIM, NOT_ASSESSABLE,
-                   ['needs two arches with at least two seeds each.'], 'n/a')
-  groups = [summary[label]['formation']['first']['step']['values'] for label in labels]
-  pooled = [v for g in groups for v in g]
-  p = 1.0 if max(pooled) == min(pooled) else float(stats.kruskal(*groups).pvalue)
-  finals = {label: summary[label]['accuracy']['all'] for label in labels}
-  best = max(labels, key=lambda label: finals[label]['mean'])
-  worst = min(labels, key=lambda label: finals[label]['mean'])
-  final = compare(finals[best], finals[worst], MIN_ACCURACY_EFFECT)
-  if final == 'greater':
+    return Verdict(name, _EMERGENCE_CLAIM, NOT_ASSESSABLE,
+                   [trained, 'needs two arches with at least two formed runs each.'], 'n/a')
+  groups = {label: [r['formation_step'] for r in formed[label].values()] for label in labels}
+  pooled = [v for g in groups.values() for v in g]
+  p = 1.0 if max(pooled) == min(pooled) else float(stats.kruskal(*groups.values()).pvalue)
+  final = convergence.equivalence({label: [r['recall']['all'] for r in formed[label].values()] for label in labels},
+                                  FINAL_MARGIN)
+  if final['verdict'] == 'apart':
     verdict = NOT_REPRODUCED
   else:
-    verdict = REPRODUCED if p < trend.ALPHA and final == 'same' else NOT_SEPARABLE
-  steps = ', '.join(f"{label} {pm(summary[label]['formation']['first']['step'], 0)}" for label in labels)
-  evidence = [f'formation step (recall beyond the large window reaches the threshold): {steps}; Kruskal-Wallis '
-              f'p = {p:.3g} across {len(labels)} arches.',
-              f"final recall (all queries): best {best} {pm(finals[best])}, worst {worst} {pm(finals[worst])}: "
-              f"{'the same' if final == 'same' else 'apart' if final == 'greater' else 'not separable'}."]
-  return Verdict('Emergence differs, final recall converges', _EMERGENCE_CLAIM, verdict, evidence,
-                 f'formation steps by arch (Kruskal-Wallis p = {p:.3g}); final recall {pm(finals[worst])} '
-                 f'({worst}) to {pm(finals[best])} ({best})')
+    verdict = REPRODUCED if p < trend.ALPHA and final['verdict'] == 'equivalent' else NOT_SEPARABLE
+  best = final['best']
+  gaps = ', '.join(f"{label} {a['difference']:.3f} ({a['interval'][0]:.3f} to {a['interval'][1]:.3f})"
+                   for label, a in final['arches'].items() if label != best)
+  steps = ', '.join(f'{label} {pm(spread(groups[label]), 0)}' for label in labels)
+  evidence = [trained,
+              f'formation step of the formed runs: {steps}; Kruskal-Wallis p = {p:.3g} across {len(labels)} arches.',
+              f"final recall (all queries) of the formed runs: best {best} "
+              f"{final['arches'][best]['mean']:.3f}; below it by (95% Welch interval): {gaps}: {final['verdict']} "
+              f'within {FINAL_MARGIN}.']
+  if unjudged:
+    evidence.append(f"not judged (fewer than two formed runs): {', '.join(unjudged)}.")
+  return Verdict(name, _EMERGENCE_CLAIM, verdict, evidence,
+                 f"formation step of formed runs: {steps} (Kruskal-Wallis p = {p:.3g}); final recall below the best "
+                 f"({best}) by {gaps}: {final['verdict']} within {FINAL_MARGIN}; formed: {counts}")
 
 
 _EMERGENCE_CLAIM = ('the hybrids differ in when long-range retrieval emerges during training, while their final '
                     'retrieval accuracy converges.')
 
 
-def nope(summary: dict, extrapolation_bucket: str) -> Verdict:
-  """NoPE on the full layers of the small-window hybrid recalls more beyond the training context (documents of
-  twice the training length) than RoPE full layers, at no cost in held-out loss at the training length."""
+def nope(summary: dict, buckets) -> Verdict:
+  """NoPE on the full layers of the small-window hybrid recalls more beyond the training context than RoPE full
+  layers, at no cost in held-out loss at the training length. Paired by seed over the seeds where both arches
+  formed (hybrid_jax.study.convergence.paired, two-sided): recall in each of `buckets` (extrapolation buckets
+  beyond the training context, e.g. at 2x and 4x the training length) and held-out loss. Fewer than MIN_PAIRS such
+  seeds is not separable. Each arch's formation rate is reported beside it."""
+  name = 'NoPE on full layers'
   if not {'SWA-128', 'SWA-128-NoPE'} <= set(summary):
-    return Verdict('NoPE on full layers', _NOPE_CLAIM, NOT_ASSESSABLE, ['needs SWA-128 and SWA-128-NoPE.'], 'n/a')
-  rope, no_pe = summary['SWA-128'], summary['SWA-128-NoPE']
-  long_outcome = compare(no_pe['extrapolation'][extrapolation_bucket], rope['extrapolation'][extrapolation_bucket],
-                         MIN_ACCURACY_EFFECT)
-  loss_outcome = compare(no_pe['held_out_loss'], rope['held_out_loss'], MIN_LOSS_EFFECT)
+    return Verdict(name, _NOPE_CLAIM, NOT_ASSESSABLE, ['needs SWA-128 and SWA-128-NoPE.'], 'n/a')
+  rope, no_pe = _formed(summary['SWA-128']), _formed(summary['SWA-128-NoPE'])
+  rates = (f"Runs trained until {_rule()}, formed: {_rate('SWA-128-NoPE', summary['SWA-128-NoPE'])}, "
+           f"{_rate('SWA-128', summary['SWA-128'])}.")
+  both = len(set(rope) & set(no_pe))
+  if both < MIN_PAIRS:
+    return Verdict(name, _NOPE_CLAIM, NOT_SEPARABLE,
+                   [f'only {both} seed(s) formed in both arches; the paired comparison needs {MIN_PAIRS}.', rates],
+                   f'{both} formed pairs (needs {MIN_PAIRS})')
+  parts, evidence, cells = [], [], []
+  for bucket in buckets:
+    result = convergence.paired({s: r['extrapolation'].get(bucket) for s, r in no_pe.items()},
+                                {s: r['extrapolation'].get(bucket) for s, r in rope.items()}, MIN_ACCURACY_EFFECT)
+    part = status(result['outcome']) if result['n'] >= MIN_PAIRS else NOT_ASSESSABLE
+    parts.append(part)
+    evidence.append(f'recall {bucket}, SWA-128-NoPE minus SWA-128 seed by seed: {_paired_text(result)}: {part}.')
+    cells.append(f"recall {bucket} {_paired_text(result)}")
+  loss = convergence.paired({s: r['held_out_loss'] for s, r in no_pe.items()},
+                            {s: r['held_out_loss'] for s, r in rope.items()}, MIN_LOSS_EFFECT)
   # No cost: NoPE's loss is not higher (same or lower); higher is a cost.
-  loss_status = NOT_SEPARABLE if loss_outcome == 'unclear' else (
-      NOT_REPRODUCED if loss_outcome == 'greater' else REPRODUCED)
-  evidence = [
-      f"recall {extrapolation_bucket}: SWA-128-NoPE {pm(no_pe['extrapolation'][extrapolation_bucket])}, SWA-128 "
-      f"{pm(rope['extrapolation'][extrapolation_bucket])}: {status(long_outcome)}.",
-      f"held-out loss at the training length (nats per byte): SWA-128-NoPE {pm(no_pe['held_out_loss'], 4)}, "
-      f"SWA-128 {pm(rope['held_out_loss'], 4)}: {loss_status}."]
-  measured = (f"recall {extrapolation_bucket}: {pm(no_pe['extrapolation'][extrapolation_bucket])} NoPE vs "
-              f"{pm(rope['extrapolation'][extrapolation_bucket])} RoPE; held-out loss {pm(no_pe['held_out_loss'], 3)}"
-              f" vs {pm(rope['held_out_loss'], 3)} ({len(no_pe['seeds'])}/{len(rope['seeds'])} seeds)")
-  return Verdict('NoPE on full layers', _NOPE_CLAIM, combine([status(long_outcome), loss_status]), evidence,
-                 measured)
+  loss_status = (NOT_ASSESSABLE if loss['n'] < MIN_PAIRS else NOT_SEPARABLE if loss['outcome'] == 'unclear' else
+                 NOT_REPRODUCED if loss['outcome'] == 'greater' else REPRODUCED)
+  evidence += [f'held-out loss at the training length (nats per byte), SWA-128-NoPE minus SWA-128: '
+               f'{_paired_text(loss, 4)}: {loss_status}.', rates]
+  measured = 'NoPE minus RoPE over seeds where both formed: ' + '; '.join(cells + [f'loss {_paired_text(loss, 4)}'])
+  return Verdict(name, _NOPE_CLAIM, combine(parts + [loss_status]), evidence, measured)
 
 
 _NOPE_CLAIM = ('removing positional encoding from the full-attention layers of a small-window hybrid improves '
