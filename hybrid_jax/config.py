@@ -242,6 +242,28 @@ def _validate_train(c):
     keys.number(c, f'train.{key}', integer=True, nonnegative=True)  # 0 = off / data.seq_len / whole sequence.
   if not isinstance(keys.value(c, 'train.init_from'), str):
     keys.fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")
+  _validate_probe_schedule(c)
+
+
+def _validate_probe_schedule(c):
+  """The dense probe cadence and the stop once retrieval has formed: both need the probe on."""
+  t = c.train
+  for key in ('retrieval_probe_dense_every', 'retrieval_probe_dense_until'):
+    keys.number(c, f'train.{key}', integer=True, nonnegative=True)
+  if bool(t.retrieval_probe_dense_every) != bool(t.retrieval_probe_dense_until):
+    key = 'retrieval_probe_dense_every' if t.retrieval_probe_dense_every else 'retrieval_probe_dense_until'
+    other = 'retrieval_probe_dense_until' if t.retrieval_probe_dense_every else 'retrieval_probe_dense_every'
+    keys.fail(f'train.{key}', t[key], f'needs train.{other} > 0 as well (both 0 = off)')
+  if t.retrieval_probe_dense_every and not t.retrieval_probe_every:
+    keys.fail('train.retrieval_probe_dense_every', t.retrieval_probe_dense_every,
+              'needs the probe on: train.retrieval_probe_every > 0 (its cadence after the dense part)')
+  metric = keys.value(c, 'train.stop_when_formed')
+  if not isinstance(metric, str):
+    keys.fail('train.stop_when_formed', metric, "must be the name of a metric the retrieval probe logs or '' (off)")
+  if metric and not t.retrieval_probe_every:
+    keys.fail('train.stop_when_formed', metric, 'needs the probe on: train.retrieval_probe_every > 0')
+  keys.number(c, 'train.formed_threshold', positive=True)
+  keys.positive_int(c, 'train.formed_probes')
 
 
 def _validate_eval(c):

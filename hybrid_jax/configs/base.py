@@ -166,6 +166,17 @@ def get_config(arg=None):
   t.retrieval_probe_every = 0
   t.retrieval_probe_samples = 4  # Needle prompts per depth.
   t.retrieval_probe_length = 0  # Prompt length in tokens; 0 = data.seq_len.
+  # A denser probe before retrieval forms, so its formation step is seen finely: every retrieval_probe_dense_every
+  # steps up to step retrieval_probe_dense_until, every retrieval_probe_every after. 0 and 0 = off.
+  t.retrieval_probe_dense_every = 0
+  t.retrieval_probe_dense_until = 0
+  # Train until formed, within a cap (train.steps): the name of a metric the probe logs, e.g.
+  # 'recall_accuracy_32_56' (recall of the bucket beyond the mini-study's large window); '' = off. The run stops at
+  # the probe where formed_probes probes in a row reach formed_threshold (hybrid_jax.analysis.formation),
+  # checkpoints there and reports stopped_early; a rerun finds it finished.
+  t.stop_when_formed = ''
+  t.formed_threshold = 0.95
+  t.formed_probes = 2  # Consecutive probes at or above the threshold: one good probe can be luck on few documents.
   # Peak bf16 TFLOP/s of one device, for the logged MFU (model FLOPs from hybrid_jax.models.flops / this peak).
   # 0 = look it up by device kind (the chip table, hybrid_jax.parallel.chips); with no entry (CPU) only model
   # TFLOP/s per device is logged.

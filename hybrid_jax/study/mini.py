@@ -41,17 +41,30 @@ STORE_DIR = 'recall_documents'  # Under the output directory: the training docum
 SWEEP_FILE = CONFIG_DIR / 'sweep.py'  # Its sweep `mini` holds the study's runs (packaged config `mini`).
 
 
+# Preset fields that leave training as it was while the stop and the dense probes are off: left out of the settings
+# key then, so the scores of runs a preset trained without them stay valid.
+_UNTIL_FORMED_FIELDS = ('stop_when_formed', 'formed_threshold', 'formed_probes', 'dense_probe_every',
+                        'dense_probe_until')
+
+
 def _settings_key(label: str, preset: Preset, seed: int) -> dict:
-  return json.loads(json.dumps({'label': label, 'seed': seed, 'preset': dataclasses.asdict(preset)}))
+  settings = dataclasses.asdict(preset)
+  if not (preset.stop_when_formed or preset.dense_probe_every):
+    settings = {k: v for k, v in settings.items() if k not in _UNTIL_FORMED_FIELDS}
+  return json.loads(json.dumps({'label': label, 'seed': seed, 'preset': settings}))
 
 
 def _finished(workdir: pathlib.Path, steps: int) -> dict | None:
-  """The training report of a run that completed `steps` steps, else None."""
+  """The training report of a run done under a cap of `steps`: completed at the cap, or stopped early by its
+  stopping rule within it. None for a run to train or resume, one trained to a smaller cap included."""
   try:
     report = json.loads((workdir / 'report.json').read_text())
   except (OSError, ValueError):
     return None
-  return report if report.get('status') == 'completed' and report.get('steps') == steps else None
+  if report.get('status') != 'completed':
+    return None
+  done = report.get('steps') == steps or (report.get('stopped_early') and report.get('steps', 0) <= steps)
+  return report if done else None
 
 
 def run_one(label: str, preset: Preset, seed: int, out_dir: pathlib.Path, progress: bool = True) -> dict:
@@ -72,21 +85,35 @@ def run_one(label: str, preset: Preset, seed: int, out_dir: pathlib.Path, progre
       return stored['result']
   if train_report is None:
     if progress:
-      print(f'[{label} seed {seed}] training {preset.steps} steps in {workdir}', flush=True)
+      until = f'until formed, at most {preset.steps}' if preset.stop_when_formed else f'{preset.steps}'
+      print(f'[{label} seed {seed}] training {until} steps in {workdir}', flush=True)
     train_report = training.train(config, workdir)
   run = runs_lib.load_run(workdir)
   result = {
       'label': label, 'arch': config.model.arch, 'seed': seed,
       'window': preset.window(ARCHES[label][1]),
       'workdir': str(workdir), 'steps': train_report['steps'], 'status': train_report['status'],
+      'stopped_early': train_report.get('stopped_early'),  # {'step', 'reason'}: the stopping rule ended it.
+      'outcome': _outcome(train_report, preset),
       'wall_time_s': train_report.get('wall_time_s'),
       'packed_held_out_loss': (train_report.get('eval') or {}).get('packed_loss'),
       **scoring.score_run(run, scoring.curves(workdir), preset)}
   saved.write_text(json.dumps({'key': key, 'result': result}) + '\n')
   if progress:
-    print(f'[{label} seed {seed}] recall ' + ', '.join(
+    formed = {'formed': f"formed at step {result['steps']}, ", 'capped': 'capped, '}.get(result['outcome'], '')
+    print(f'[{label} seed {seed}] {formed}recall ' + ', '.join(
         f"{b['low']}<d<={b['high']}: {b['accuracy']}" for b in result['recall']['buckets']), flush=True)
   return result
+
+
+def _outcome(train_report: dict, preset: Preset) -> str | None:
+  """'formed' (the stop once formed ended the run) or 'capped' (it reached the preset's cap unformed) when the
+  preset trains until formed; None when it trains a fixed number of steps (or has not finished)."""
+  if not preset.stop_when_formed:
+    return None
+  if train_report.get('stopped_early'):
+    return 'formed'
+  return 'capped' if train_report.get('status') == 'completed' and train_report['steps'] >= preset.steps else None
 
 
 def train_in_parallel(preset_name: str, seeds: int, labels: list[str], out_dir: pathlib.Path, parallel: int,

@@ -10,6 +10,7 @@ holds every preset's shapes within 5% of its attention layer.
 import copy
 import dataclasses
 
+from hybrid_jax.analysis import callbacks
 from hybrid_jax.config import CONFIG_DIR, ConfigError, load_config_file, validate
 from hybrid_jax.data import recall as recall_data
 from hybrid_jax.models import pattern
@@ -62,7 +63,23 @@ class Preset:
   # The gradient signal that trains the full layers' queries and keys is read at the probes up to this step
   # (before any arch forms its retrieval circuit), so arches are compared at the same point of training.
   signal_until: int = 1000
+  # Train until formed, within a cap (`steps`): each run stops once recall beyond the large window reaches
+  # formed_threshold at formed_probes probes in a row (train.stop_when_formed, hybrid_jax.analysis.formation).
+  stop_when_formed: bool = False
+  formed_threshold: float = 0.95
+  formed_probes: int = 2
+  # Probe every dense_probe_every steps up to step dense_probe_until, every probe_every after, so a formation step
+  # is seen finely where the early formers form (0 and 0: probe_every throughout).
+  dense_probe_every: int = 0
+  dense_probe_until: int = 0
   note: str = ''
+
+  @property
+  def formed_metric(self) -> str:
+    """The probe's metric of recall beyond the large window (its last distance bucket), which stop_when_formed
+    watches."""
+    edges = callbacks.recall_edges(self.distance_ranges)
+    return f'recall_accuracy_{edges[-2]}_{edges[-1]}'
 
   @property
   def edges(self) -> list[int]:
@@ -144,6 +161,17 @@ PRESETS = {
     # layer above a full one can retrieve inside its window: the study's mechanism of laziness can act here.
     'mini-deep': Preset(**_MINI, model=_SMALL_MODEL + (('num_layers', 4),),
                         note='2 CPU cores, two runs at a time; four layers'),
+    # The mini preset's runs trained until formed, within a cap of 20,000 steps: a run stops once recall beyond the
+    # large window is >= 0.95 at two probes in a row, so a verdict about converged models reads formed runs, not
+    # slow formers cut off at 5,000 steps. The same run directories and every key that defines a run unchanged
+    # (warmup and checkpoints as in mini), so the mini runs resume from their 5,000-step checkpoints; one already
+    # formed there stops without training. Probes every 50 steps up to 2,500 (the earliest formations were near
+    # step 1,750), every 250 after.
+    'mini-converge': Preset(**{**_MINI, 'steps': 20000,
+                               'train': _OPTIMIZER + (('warmup_steps', 500), ('checkpoint_every', 2500))},
+                            model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, stop_when_formed=True,
+                            dense_probe_every=50, dense_probe_until=2500,
+                            note='2 CPU cores, two runs at a time; until formed, at most 20,000 steps'),
     # The mini preset's task and heads at a 256-byte context, d_model 128, 4 layers (two cycles, so a
     # sliding layer sits above a full one), 8 records per document, every arch, one seed: sized by arithmetic from
     # the CPU runs for one H200 (not yet measured there; BENCHMARKS.md).
@@ -204,7 +232,10 @@ def run_config(label: str, preset: Preset, seed: int = 0):
                       checkpoint_every=max(1, preset.steps // 2), log_every=max(1, min(10, preset.steps // 4)),
                       eval_batches=preset.eval_batches, retrieval_probe_every=preset.probe_every,
                       retrieval_probe_samples=preset.probe_samples, retrieval_probe_length=preset.seq_len,
-                      progress=False))
+                      retrieval_probe_dense_every=preset.dense_probe_every,
+                      retrieval_probe_dense_until=preset.dense_probe_until,
+                      stop_when_formed=preset.formed_metric if preset.stop_when_formed else '',
+                      formed_threshold=preset.formed_threshold, formed_probes=preset.formed_probes, progress=False))
   c.train.update(dict(preset.train))
   c.eval.update(dict(batches=preset.eval_batches, documents=0))
   roles = {registry.get(pattern.layer_spec(c.model, i).kind).role for i in range(c.model.num_layers)}

@@ -5,7 +5,7 @@ adds `sweep.json` (the sweep's command for the run, where it runs, attempts, wal
 cause) and `sweep.log` (the output of each attempt). States:
   pending    nothing trained yet
   running    a live trainer holds the lease
-  completed  report.json says completed at the configured number of steps
+  completed  report.json says completed at the configured number of steps, or stopped early by a hook
   failed     the last attempt stopped on a user error (exit status 2); not retried with the same command
   crashed    the last attempt died otherwise (a bug, a lost machine); a rerun resumes it
   stopped    trained part-way (preempted, killed); a rerun resumes it
@@ -108,7 +108,7 @@ def describe(workdir, steps: int | None = None) -> dict:
   running = lease_alive(workdir)
   if running:
     state = 'running'
-  elif report.get('status') == 'completed' and report.get('steps') == steps:
+  elif report.get('status') == 'completed' and (report.get('steps') == steps or report.get('stopped_early')):
     state, step = 'completed', report['steps']
   elif record.get('state') in ('failed', 'crashed'):
     state = record['state']

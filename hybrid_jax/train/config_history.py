@@ -67,7 +67,10 @@ KEY_CLASSES = {
     'train.checkpoint_every': OPERATIONAL, 'train.keep_checkpoints': OPERATIONAL,
     'train.async_checkpointing': OPERATIONAL, 'train.progress': OPERATIONAL, 'train.peak_tflops': OPERATIONAL,
     'train.retrieval_probe_every': OPERATIONAL, 'train.retrieval_probe_samples': OPERATIONAL,
-    'train.retrieval_probe_length': OPERATIONAL, 'train.profile_start': OPERATIONAL,
+    'train.retrieval_probe_length': OPERATIONAL, 'train.retrieval_probe_dense_every': OPERATIONAL,
+    'train.retrieval_probe_dense_until': OPERATIONAL, 'train.profile_start': OPERATIONAL,
+    # When training ends (train.steps stays the cap); no step trains differently.
+    'train.stop_when_formed': OPERATIONAL, 'train.formed_threshold': OPERATIONAL, 'train.formed_probes': OPERATIONAL,
     'train.profile_steps': OPERATIONAL,
     'eval.*': OPERATIONAL,  # The final evaluation only.
     'parallel.*': OPERATIONAL,  # Checkpoints restore onto any mesh.
