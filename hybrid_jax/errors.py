@@ -2,7 +2,7 @@
 
 This module sits at the bottom of the package and imports nothing from it, so every layer raises its own subclass
 (ConfigError, DataError, RunError, ...) without importing the command line or another layer's errors. The command
-line catches UserError alone (hybrid_jax.command_line.run): one `error: <message>` line, exit status 2. Any other
+line catches UserError alone (hybrid_jax.commands.parsing.run): one `error: <message>` line, exit status 2. Any other
 exception is a bug and keeps its traceback.
 """
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-import command_line  # launch/command_line.py (this folder is on sys.path when a launcher runs)
+import launcher_args  # launch/launcher_args.py (this folder is on sys.path when a launcher runs)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
   p.add_argument('--log_dir', default='runs/slurm')
   p.add_argument('--python', default=sys.executable)
   p.add_argument('--dry-run', action='store_true', help='print instead of running')
-  a = command_line.parse(p, argv, ['train'])
+  a = launcher_args.parse(p, argv, ['train'])
   if a.mode == 'local':
     cmd = local_command(a)
     print(shlex.join(cmd[1:]), flush=True)

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-import command_line  # launch/command_line.py (this folder is on sys.path when a launcher runs)
+import launcher_args  # launch/launcher_args.py (this folder is on sys.path when a launcher runs)
 
 
 def free_port() -> int:
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
   parser.add_argument('--grace', type=float, default=120.0, help='seconds the others get after one fails')
   parser.add_argument('--python', default=sys.executable)
   parser.add_argument('--dry-run', action='store_true', help='print the commands instead of running them')
-  args = command_line.parse(parser, argv, ['train'])
+  args = launcher_args.parse(parser, argv, ['train'])
   args.port = args.port or (12355 if args.dry_run else free_port())
   if args.dry_run:
     for env, argv in commands(args):

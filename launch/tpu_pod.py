@@ -23,7 +23,7 @@ import shlex
 import subprocess
 import sys
 
-import command_line  # launch/command_line.py (this folder is on sys.path when a launcher runs)
+import launcher_args  # launch/launcher_args.py (this folder is on sys.path when a launcher runs)
 
 LOG = '~/hybrid_jax_run.log'
 
@@ -103,12 +103,12 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv):
   """The arguments of one launcher command line (`.command`: what follows `--`)."""
-  return command_line.parse(parser(), argv)
+  return launcher_args.parse(parser(), argv)
 
 
 def main(argv=None) -> int:
   p = parser()
-  a = command_line.parse(p, argv)
+  a = launcher_args.parse(p, argv)
   if a.action == 'run' and not a.command:
     p.error('run needs a hybrid_jax command after --, e.g. -- train --config=...')
   if a.action == 'setup' and not a.repo:

@@ -25,13 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax import checks, command_line
 from hybrid_jax.bench import documents as bench_documents, timing
 from hybrid_jax.kernels import attention
-from hybrid_jax.kernels.attention import IMPLEMENTATIONS
 
-# Per backend defaults. CPU ones finish in a minute or two; GPU ones are the anchor shapes (docs/BENCHMARKING.md).
-_DEFAULTS = {
+# Per backend defaults of what the flags leave unset, written as the flags are. CPU ones finish in a minute or two;
+# GPU ones are the anchor shapes (docs/BENCHMARKING.md).
+DEFAULTS = {
     'cpu': dict(seq_lens='2048,4096,8192', windows='128,full', impls='xla', batch=1, heads=4, head_dim=64,
                 dtype='float32', repeats=5, gemm=1024),
     'gpu': dict(seq_lens='4096,32768', windows='128,512,2048,full', impls='pallas_gpu,cudnn,xla', tokens=32768,
@@ -40,58 +39,6 @@ _DEFAULTS = {
                 heads=16, head_dim=128, dtype='bfloat16', repeats=20, gemm=8192),
 }
 _ANCHORS = ('cudnn', 'xla')  # Speed ratios are reported against each of these that was measured.
-
-
-def _parse(argv):
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench attention', description=__doc__.split('\n')[0])
-  ints = checks.flag_numbers(integer=True, positive=True)
-  windows = checks.flag_numbers(integer=True, positive=True, words=('full', 'none', 'None'))
-  p.add_argument('--seq-lens', type=ints, help='comma-separated T values (default: 2048,4096,8192 CPU; 4096,32768 GPU)')
-  p.add_argument('--windows', type=windows, help="comma-separated windows; 'full' = full causal (default 128,full CPU; "
-                 '128,512,2048,full GPU)')
-  p.add_argument('--heads', type=checks.POSITIVE_INT, help='query heads (default: 4 on CPU, 16 on GPU/TPU)')
-  p.add_argument('--kv-heads', type=checks.POSITIVE_INT, help='kv heads (default: --heads)')
-  p.add_argument('--head-dim', type=checks.POSITIVE_INT, help='head dim (default: 64 on CPU, 128 on GPU/TPU)')
-  p.add_argument('--batch', type=checks.POSITIVE_INT, help='batch size (default 1 on CPU)')
-  p.add_argument('--tokens', type=checks.POSITIVE_INT,
-                 help='tokens per call: batch = tokens // T (default 32768 on GPU/TPU)')
-  p.add_argument('--gemm', type=checks.POSITIVE_INT,
-                 help='size n of the n x n x n GEMM ceiling (default 1024 CPU, 8192 else)')
-  p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=1.0, help='time each measurement at least this long')
-  p.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'], help='default: float32 on CPU, else bf16')
-  impls = checks.flag_choices(('auto', *IMPLEMENTATIONS), 'attention implementations')
-  p.add_argument('--impls', type=impls,
-                 help='comma-separated implementations (default xla CPU, pallas_gpu,cudnn,xla GPU)')
-  p.add_argument('--repeats', type=checks.POSITIVE_INT,
-                 help='fewest timed runs per measurement (more until 1 s); median reported (default 5 CPU, 20 else)')
-  p.add_argument('--documents', type=ints, metavar='N[,N...]',
-                 help='also time every call on rows of packed documents of N tokens (segment ids; N = T: one '
-                 'document per row) after the unmasked one, for each N listed; those rows carry documents=N and '
-                 'their speed vs the unmasked call (default: unmasked only)')
-  p.add_argument('--timeout', type=checks.NONNEGATIVE, default=120.0,
-                 help='seconds per measurement (one implementation, T and window; compile included): past it the '
-                 'row records the timeout and the sweep goes on (0: no limit)')
-  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE,
-                 help='write all rows and the run metadata to this JSON file (rewritten '
-                 'after every row)')
-  args = p.parse_args(argv)
-  explicit = args.batch is not None, args.tokens is not None
-  for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():
-    if getattr(args, key) is None:
-      setattr(args, key, value)
-  if explicit == (True, False):
-    args.tokens = None  # An explicit batch wins over the backend's tokens-per-call default.
-  args.batch = args.batch or 1
-  args.kv_heads = args.kv_heads or args.heads
-  if isinstance(args.seq_lens, str):  # The backend's default.
-    args.seq_lens = ints(args.seq_lens)
-  if isinstance(args.windows, str):
-    args.windows = windows(args.windows)
-  if isinstance(args.impls, str):  # The backend's default.
-    args.impls = impls(args.impls)
-  if args.heads % args.kv_heads:
-    p.error(f'--heads={args.heads} must be a multiple of --kv-heads={args.kv_heads} (grouped-query attention)')
-  return args
 
 
 def visible_pairs(t, window):
@@ -243,8 +190,8 @@ def _table(rows, baselines):
   return '\n'.join(lines)
 
 
-def main(argv=None):
-  args = _parse(sys.argv[1:] if argv is None else argv)
+def run(args) -> int:
+  """Measures every implementation, window and T of `args` (the flags of `bench attention`, one attribute each)."""
   device = jax.devices()[0]
   meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
               jax=jax.__version__, numpy=np.__version__, backend=jax.default_backend(),
@@ -287,6 +234,3 @@ def main(argv=None):
           file=sys.stderr)
   return 1 if failed else 0
 
-
-if __name__ == '__main__':
-  sys.exit(main())

@@ -16,11 +16,10 @@ configured corpus first, so the comparison runs anywhere without downloads.
 import json
 import os
 import shlex
-import sys
 import tempfile
 import time
 
-from hybrid_jax import checks, command_line, readers
+from hybrid_jax import readers
 from hybrid_jax.config import ConfigError, load_run
 from hybrid_jax.data import catalog, pipeline, pretokenize
 
@@ -86,8 +85,8 @@ def make_tokenizers(config, out_dir: str, max_documents: int = 2000) -> list[str
   return [hf_path, os.path.join(out_dir, 'sp.model')]
 
 
-def run(config, tokenizer_specs: list[str], workers: list[int], batches: int, hosts: int, required: float | None,
-        min_seconds: float = 0.0) -> list[dict]:
+def measure_paths(config, tokenizer_specs: list[str], workers: list[int], batches: int, hosts: int,
+                  required: float | None, min_seconds: float = 0.0) -> list[dict]:
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for spec in tokenizer_specs:
@@ -118,28 +117,9 @@ def _line(r: dict) -> str:
   return f"| {r['path']} | {name} | {r['workers']} | {r['tokens_per_s']:,.0f} | {headroom} |"
 
 
-def main(argv=None) -> int:
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench data', description=__doc__.split('\n')[0],
-                                  epilog='--config.KEY=VALUE overrides follow --config, as for train.')
-  p.add_argument('--config', required=True, help='config file[:arg]: source, seq_len, batch size')
-  p.add_argument('--tokenizers', default='', help="comma-separated tokenizer specs (default: the config's)")
-  p.add_argument('--make-tokenizers', metavar='DIR', type=checks.OUT_DIR,
-                 help='train a tokenizer.json and a SentencePiece model on the '
-                 'corpus into DIR and add them to --tokenizers')
-  p.add_argument('--workers', default=[0], type=checks.flag_numbers(integer=True, nonnegative=True),
-                 help='comma-separated grain worker counts (data.worker_count)')
-  p.add_argument('--batches', type=checks.POSITIVE_INT, default=20, help='timed batches per row, at least')
-  p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=3.0, help='timed seconds per row, at least')
-  p.add_argument('--hosts', type=checks.POSITIVE_INT, default=1,
-                 help='hosts sharing the global batch (each measures its share)')
-  p.add_argument('--compile-check', metavar='JSON', type=checks.IN_FILE,
-                 help='compile-check --json output: the step consumption')
-  p.add_argument('--tokens-per-s', type=checks.flag_number(positive=True),
-                 help='else: the tokens/s one host must deliver')
-  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE, help='write the rows to this JSON file')
-  args, overrides = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-  if overrides and not overrides[0].startswith('--config.'):
-    p.error(f'unrecognized arguments: {" ".join(overrides)}')
+def run(args, overrides: list[str]) -> int:
+  """The table of `args` (the flags of `bench data`, one attribute each) for the config of args.config with
+  the --config.KEY=VALUE `overrides`."""
   config = _config(args.config, overrides)
   specs = [s for s in args.tokenizers.split(',') if s] or [config.data.tokenizer]
   for spec in specs:  # A bad tokenizer is refused before the table starts.
@@ -153,7 +133,7 @@ def main(argv=None) -> int:
         f'{config.train.batch_size // args.hosts} per host (1 of {args.hosts}), {os.cpu_count()} CPUs, load '
         f'{os.getloadavg()[0]:.1f}, >= {args.batches} batches and {args.min_seconds:g} s per row{need}', flush=True)
   print('| path | tokenizer | workers | tokens/s per host | headroom |\n| --- | --- | --- | --- | --- |', flush=True)
-  rows = run(config, specs, workers, args.batches, args.hosts, required, args.min_seconds)
+  rows = measure_paths(config, specs, workers, args.batches, args.hosts, required, args.min_seconds)
   if args.json:
     with open(args.json, 'w') as f:
       json.dump({'required_tokens_per_s': required, 'hosts': args.hosts, 'rows': rows}, f, indent=1)

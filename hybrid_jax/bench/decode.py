@@ -12,7 +12,6 @@ import time
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax import checks, command_line
 from hybrid_jax.config import CONFIG_DIR, load_config_file
 from hybrid_jax.train import state as state_lib
 
@@ -41,15 +40,8 @@ def measure(arch, scale, context, steps, pure=False):
           'state_mib': state_bytes / 2**20, 'compile_s': compile_s}
 
 
-def main(argv=None) -> int:
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax bench decode', description=__doc__)
-  parser.add_argument('--arches', default='full,swa128,gdn', help='comma-separated arches of the config hybrid')
-  parser.add_argument('--scale', default='tiny', help='model scale (of the config hybrid)')
-  parser.add_argument('--contexts', default='1024,4096,16384', type=checks.flag_numbers(integer=True, positive=True),
-                      help='comma-separated context lengths L')
-  parser.add_argument('--steps', type=checks.POSITIVE_INT, default=30, help='timed decode steps per row')
-  parser.add_argument('--json', default=None, type=checks.OUT_FILE, help='also write the rows to this JSON file')
-  args = parser.parse_args(argv)
+def run(args) -> int:
+  """One row per arch of `args.arches` (its pure form too) and context (the flags of `bench decode`)."""
   rows = [measure(arch, args.scale, int(ctx), args.steps, pure)
           for arch in args.arches.split(',') for pure in (False, True) for ctx in args.contexts
           if not (pure and arch == 'full')]

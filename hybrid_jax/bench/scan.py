@@ -26,7 +26,6 @@ same documents (`cu_seqlens` over the batch flattened to one row) is timed for t
 """
 
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -35,13 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax import checks, command_line
 from hybrid_jax.bench import documents as bench_documents, timing
 from hybrid_jax.bench.attention import ceilings
 from hybrid_jax.bench.scan_parity import KERNELS, parity
-from hybrid_jax.kernels.linear_scan.api import IMPLEMENTATION_NAMES
 
-_DEFAULTS = {
+# Per backend defaults of what the flags leave unset, written as the flags are.
+DEFAULTS = {
     'cpu': dict(seq_lens='1024,4096,16384', impls='xla,reference', baseline='reference', batch=1, heads=4,
                 head_dim=64, dtype='float32', repeats=3, gemm=1024),
     'gpu': dict(seq_lens='2048,8192,32768', impls='pallas_gpu,xla', baseline='xla', batch=4, heads=16,
@@ -53,58 +51,6 @@ FLA = {'linear_scan': ('chunk_simple_gla', 'chunk_lightning_attn'), 'gated_delta
 FLA_DOCUMENTS = ('chunk_simple_gla', 'chunk_gated_delta_rule')  # fla kernels timed on documents (cu_seqlens).
 FLA_NOTE = ('fla backward on Hopper with Triton < 3.7.1 is refused upstream (a miscompile); '
             'fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 was forced True for timing only')
-
-
-def _parse(argv):
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench scan', description=__doc__.split('\n')[0])
-  ints = checks.flag_numbers(integer=True, positive=True)
-  p.add_argument('--seq-lens', type=ints, help='comma-separated T values (default 1024,4096,16384 CPU; '
-                 '2048,8192,32768 GPU/TPU)')
-  p.add_argument('--kernels', type=checks.flag_choices(KERNELS, 'kernels'), default=list(KERNELS),
-                 help=f'comma-separated, of {list(KERNELS)}')
-  impls = checks.flag_choices(IMPLEMENTATION_NAMES, 'scan implementations')
-  p.add_argument('--impls', type=impls, help='comma-separated implementations (default xla,reference CPU; '
-                 'pallas_gpu,xla GPU)')
-  p.add_argument('--baseline', help='implementation the speed-ups are relative to, one of --impls (default '
-                 'reference CPU, xla else)')
-  p.add_argument('--batch', type=checks.POSITIVE_INT, help='batch size (default: by device)')
-  p.add_argument('--heads', type=checks.POSITIVE_INT, help='heads (default: by device)')
-  p.add_argument('--head-dim', type=checks.POSITIVE_INT, help='K = V')
-  p.add_argument('--chunk-size', type=checks.POSITIVE_INT, default=64, help='chunk length of the chunked kernels')
-  p.add_argument('--dtype', choices=['float32', 'bfloat16'], help='input dtype (default: by device)')
-  p.add_argument('--no-bwd', action='store_true', help='time the forward pass only')
-  p.add_argument('--repeats', type=checks.POSITIVE_INT, help='fewest timed runs (more until --min-seconds)')
-  p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=0.5, help='fewest seconds of timed runs per row')
-  p.add_argument('--gemm', type=checks.POSITIVE_INT, help='n of the n^3 GEMM ceiling (default 1024 CPU, 8192 else)')
-  p.add_argument('--fla', action='store_true', help='also time fla (needs fla-core, torch and a CUDA GPU)')
-  p.add_argument('--documents', type=ints, metavar='N[,N...]',
-                 help='also time every implementation on rows of packed documents of N tokens (segment ids) after '
-                 'its unmasked call, for each N listed; those rows carry documents=N and their speed vs the '
-                 'unmasked call (default: unmasked only)')
-  p.add_argument('--parity', action='store_true', help='check values and gradients on this device first')
-  p.add_argument('--parity-only', action='store_true', help='run the parity checks and no timings')
-  p.add_argument('--timeout', type=checks.NONNEGATIVE, default=120.0,
-                 help='seconds per measurement (each implementation and fla kernel at each T; compile included) '
-                 'and per parity case; past it the row records the timeout and the run goes on (0: no limit)')
-  p.add_argument('--parity-budget', type=checks.NONNEGATIVE, default=55.0,
-                 help='seconds for all parity cases: cases not started by then are recorded as skipped')
-  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE,
-                 help='write all rows and the run metadata to this JSON file (rewritten '
-                 'after every row)')
-  args = p.parse_args(argv)
-  chosen_baseline = args.baseline
-  for key, value in _DEFAULTS.get(jax.default_backend(), _DEFAULTS['gpu']).items():
-    if getattr(args, key) is None:
-      setattr(args, key, value)
-  for key in ('seq_lens', 'impls'):
-    if isinstance(getattr(args, key), str):
-      setattr(args, key, (ints if key == 'seq_lens' else impls)(getattr(args, key)))
-  if chosen_baseline is not None and chosen_baseline not in args.impls:
-    p.error(f'argument --baseline: {chosen_baseline!r} is not one of the implementations timed (--impls '
-            f'{",".join(args.impls)})')
-  if args.baseline not in args.impls:  # The backend's default baseline, when --impls leaves it out: the first.
-    args.baseline = args.impls[0]
-  return args
 
 
 def model_flops(kernel, t, args):
@@ -309,10 +255,8 @@ def _line(r):
   return f'{head}: ' + ', '.join(parts)
 
 
-def main(argv=None) -> int:
-  # fla (torch) shares the GPU: JAX must not grab most of its memory up front.
-  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  args = _parse(sys.argv[1:] if argv is None else argv)
+def run(args) -> int:
+  """Parity checks and timings as `args` asks (the flags of `bench scan`, one attribute each)."""
   device = jax.devices()[0]
   meta = dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), jax=jax.__version__,
               backend=jax.default_backend(), device=getattr(device, 'device_kind', str(device)),
@@ -353,6 +297,3 @@ def main(argv=None) -> int:
     print(f'scan bench: {failed} parity cases or measurements failed (whole errors in the JSON)', file=sys.stderr)
   return 1 if failed else 0
 
-
-if __name__ == '__main__':
-  sys.exit(main())

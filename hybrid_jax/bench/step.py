@@ -27,44 +27,17 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import jax
 import numpy as np
 
-from hybrid_jax import checks, command_line
 from hybrid_jax.bench import documents as bench_documents, profile
 from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, resolve_spec, validate
 from hybrid_jax.models import flops as flops_lib, pattern
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import metrics, optim, state as state_lib, step as step_lib
-
-
-def _parse(argv):
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax bench step', description=__doc__.split('\n')[0])
-  p.add_argument('--config', required=True, help='config file[:arg] as for train, e.g. hybrid:arch=gdn,scale=s1')
-  p.add_argument('--seq_len', type=checks.POSITIVE_INT, help='override data.seq_len')
-  p.add_argument('--batch_size', type=checks.POSITIVE_INT, help='override train.batch_size (global sequences per step)')
-  p.add_argument('--grad_accum', type=checks.POSITIVE_INT, help='override train.grad_accum')
-  p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
-                 help='any config override, repeatable, e.g. --set model.remat=full --set model.scan_layers=False')
-  p.add_argument('--documents', type=checks.POSITIVE_INT, metavar='N',
-                 help="with data.packing='documents' (the default), rows of documents of N tokens (default: "
-                 'data.seq_len // 4)')
-  p.add_argument('--steps', type=checks.POSITIVE_INT, default=5, help='timed steady steps (after one warm-up step)')
-  p.add_argument('--profile-steps', type=checks.NONNEGATIVE_INT, default=2,
-                 help='steps traced by the profiler for the breakdown by part (0 = no breakdown)')
-  p.add_argument('--trace-dir', type=checks.OUT_DIR,
-                 help='keep the profiler trace here (viewable in TensorBoard / Perfetto); '
-                 'default: a temporary directory, deleted afterwards')
-  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE, help='write the full result to this JSON file')
-  p.add_argument('--dry-run', action='store_true', help='validate the config and print its model FLOPs; no compile')
-  p.add_argument('--compile-only', action='store_true',
-                 help='compile the step from shapes only and report compile time and compiled memory (nothing is '
-                      'allocated or run: checks that a configuration fits before spending device time)')
-  return p.parse_args(argv)
 
 
 def load_config(spec, *, seq_len=None, batch_size=None, grad_accum=None, overrides=()):
@@ -288,13 +261,14 @@ def report(result) -> str:
   return '\n'.join(lines)
 
 
-def run(args) -> dict:
+def measure(args, argv: list[str]) -> dict:
+  """The result of the step `args` sets up (the flags of `bench step`, one attribute each, read from `argv`)."""
   config = load_config(args.config, seq_len=args.seq_len, batch_size=args.batch_size, grad_accum=args.grad_accum,
                        overrides=args.set)
   device = jax.devices()[0]
   meta = {'time': datetime.datetime.now(datetime.timezone.utc).isoformat(), 'jax': jax.__version__,
           'backend': jax.default_backend(), 'device_kind': device.device_kind,
-          'load_average_start': os.getloadavg()[0], 'argv': list(args.argv)}
+          'load_average_start': os.getloadavg()[0], 'argv': list(argv)}
   m = config.model
   summary = {'name': config.name, 'arch': m.arch, 'scale': m.scale, 'seq_len': config.data.seq_len,
              'packing': packing(config), 'documents': document_length(config, args.documents),
@@ -318,10 +292,8 @@ def run(args) -> dict:
   return result
 
 
-def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else list(argv)
-  args = _parse(argv)
-  args.argv = argv
+def run(args, argv: list[str]) -> int:
+  """Validates (--dry-run), compiles or measures the step of `args`, the flags of `bench step` read from `argv`."""
   if args.dry_run:
     config = load_config(args.config, seq_len=args.seq_len, batch_size=args.batch_size,
                          grad_accum=args.grad_accum, overrides=args.set)
@@ -332,13 +304,10 @@ def main(argv=None) -> int:
           f'loss_chunk {config.train.loss_chunk})')
     print(flops_lib.breakdown_markdown(config.model, config.data.seq_len))
     return 0
-  result = run(args)
+  result = measure(args, argv)
   print(report(result))
   if args.json:
     with open(args.json, 'w') as fh:
       json.dump(result, fh, indent=1)
   return 0
 
-
-if __name__ == '__main__':
-  sys.exit(main())

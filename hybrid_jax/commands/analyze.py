@@ -6,12 +6,13 @@ PNG into `<workdir>/analysis/` (or --out) and prints the JSON path and a one-lin
 
 import sys
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 
 
 
-def _parser() -> command_line.ArgumentParser:
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax analyze', description=__doc__)
+def _parser() -> parsing.ArgumentParser:
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax analyze', description=__doc__)
   sub = parser.add_subparsers(dest='tool', metavar='TOOL', required=True)
 
   def tool(name, help_text, workdir=True):

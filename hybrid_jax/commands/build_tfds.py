@@ -1,12 +1,13 @@
 """`python -m hybrid_jax build-tfds PATHS DATA_DIR`: build the dataset and print the config flags to use it."""
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.data.tfds_local import build_local_tfds
 
 
 def main(argv) -> int:
   """Write text files as a local TFDS dataset (data.source=tfds)."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax build-tfds', description=__doc__)
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax build-tfds', description=__doc__)
   parser.add_argument('paths', help='comma-separated .txt / .jsonl(.gz) files, directories or globs')
   parser.add_argument('data_dir', type=checks.OUT_DIR,
                       help='TFDS data_dir to write into')

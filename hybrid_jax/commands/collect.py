@@ -1,12 +1,13 @@
 """`python -m hybrid_jax collect`: the final metrics of run directories as one TSV table (hybrid_jax.study.collect)."""
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.study import collect
 
 
 def main(argv) -> int:
   """Gather finished runs into a scaling-law points table."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax collect', description=collect.__doc__)
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax collect', description=collect.__doc__)
   parser.add_argument('workdirs', nargs='+', type=checks.IN_DIR,
                       help='run directories (config.json, report.json, eval/)')
   parser.add_argument('--out', required=True, type=checks.OUT_FILE,

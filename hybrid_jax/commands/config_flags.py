@@ -3,7 +3,8 @@ overrides after it, the config loaded and validated once before the command runs
 
 from absl import logging
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.config import BASE_CONFIG, apply_overrides, load_config_file, resolve_spec, validate
 
 DEFAULT_CONFIG = 'hybrid:arch=swa128_nope,scale=tiny'  # The packaged study grid (hybrid_jax/configs/hybrid.py).
@@ -14,8 +15,8 @@ OVERRIDES_HELP = ('Any config key is overridden with --config.KEY=VALUE (e.g. --
 
 def parser(command: str, description: str, add_flags=None):
   """The parser of config-reading `command`: --config, then the command's own flags."""
-  p = command_line.ArgumentParser(prog=f'python -m hybrid_jax {command}', description=description.strip(),
-                                  epilog=OVERRIDES_HELP)
+  p = parsing.ArgumentParser(prog=f'python -m hybrid_jax {command}', description=description.strip(),
+                             epilog=OVERRIDES_HELP)
   p.add_argument('--config', default=DEFAULT_CONFIG, metavar='FILE[:ARG]',
                  help='a packaged config (hybrid, base, mini) or a config file, and its argument '
                  '(get_config(ARG)), e.g. hybrid:arch=gdn,scale=s1 or configs/hybrid.py:arch=gdn,scale=s1')

@@ -6,15 +6,16 @@ Loads the run's newest (or `--step`) checkpoint, runs each task at each context 
 
 from absl import logging
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.eval import suite
 
 
 
 
-def build_parser() -> command_line.ArgumentParser:
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax eval', description=__doc__)
+def build_parser() -> parsing.ArgumentParser:
+  p = parsing.ArgumentParser(prog='python -m hybrid_jax eval', description=__doc__)
   p.add_argument('--workdir', required=True, type=checks.IN_DIR,
                  help='run directory (config.json + checkpoints/)')
   p.add_argument('--step', type=checks.NONNEGATIVE_INT, default=None, help='checkpoint step (default: the newest)')

@@ -4,14 +4,15 @@
 import json
 import pathlib
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
 from hybrid_jax.analysis import scaling_law
+from hybrid_jax.commands import parsing
 from hybrid_jax.errors import InputError
 
 
 def main(argv) -> int:
   """Fit a scaling law to study points and plot it."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax fit', description=__doc__)
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax fit', description=__doc__)
   parser.add_argument('--data', required=True, type=checks.IN_FILE,
                       help='TSV/CSV/JSON with n (or N), tokens/D or token_multiplier, and the metric column')
   parser.add_argument('--formula', choices=scaling_law.FORMULAS, default='no_constant', help='the law fitted')

@@ -12,7 +12,8 @@ Each prints one JSON summary line; a checkpoint or run that cannot be mapped exa
 import json
 import pathlib
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.hf import HFError, config_map, family_export, io
 
 
@@ -26,8 +27,8 @@ def _refuse_files_in(folder, flag: str, advice: str):
                   f'{advice}')
 
 
-def _parser() -> command_line.ArgumentParser:
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax hf', description=__doc__.splitlines()[0])
+def _parser() -> parsing.ArgumentParser:
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax hf', description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest='action', required=True)
   export = sub.add_parser('export', help='write a run checkpoint as config.json + safetensors + tokenizer files')
   export.add_argument('--workdir', required=True, type=checks.IN_DIR,

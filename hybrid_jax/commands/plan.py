@@ -4,7 +4,8 @@ import json
 import pathlib
 import sys
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.compile_check import rows as compile_check_rows
 from hybrid_jax.config import load_sweep
 from hybrid_jax.study import plan as plan_lib
@@ -12,7 +13,7 @@ from hybrid_jax.study import plan as plan_lib
 
 def main(argv=None) -> int:
   """Tokens, FLOPs and accelerator-hours of a sweep, and its launch lines."""
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax plan', description=plan_lib.__doc__.split('\n')[0])
+  p = parsing.ArgumentParser(prog='python -m hybrid_jax plan', description=plan_lib.__doc__.split('\n')[0])
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument('--sweep', help='sweep file[:name]; its runs(name) returns config strings')
   source.add_argument('--runs', nargs='+', help='config strings, e.g. hybrid:arch=gdn,scale=s1')

@@ -2,7 +2,8 @@
 
 import shlex
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.config import load_run
 from hybrid_jax.data import pretokenize as pretokenize_lib
 from hybrid_jax.data.pretokenize import DEFAULT_SHARD_TOKENS, pretokenize
@@ -10,9 +11,10 @@ from hybrid_jax.data.pretokenize import DEFAULT_SHARD_TOKENS, pretokenize
 
 def main(argv) -> int:
   """Tokenize a corpus once into ArrayRecord shards (data.source=pretokenized)."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax pretokenize', description=pretokenize_lib.__doc__.split('\n\n')[0],
-                                       epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
-                                       '--config as for train.')
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax pretokenize',
+                                  description=pretokenize_lib.__doc__.split('\n\n')[0],
+                                  epilog='--config.KEY=VALUE overrides (e.g. --config.data.paths=...) follow '
+                                  '--config as for train.')
   parser.add_argument('--config', required=True, help='config file[:arg], as for train')
   parser.add_argument('--out', required=True, type=checks.OUT_DIR,
                       help='directory to write (shards + manifest.json); written under a temporary name and renamed '

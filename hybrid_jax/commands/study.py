@@ -1,13 +1,14 @@
 """`python -m hybrid_jax study`: the mini-study's runs, scores and verdicts on the study's mechanistic claims."""
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.study import mini
 from hybrid_jax.study.presets import ARCHES, PRESETS, select_arches
 
 
 def main(argv) -> int:
   """The mini-study: every arch on the recall task, verdicts on the study's mechanistic claims."""
-  parser = command_line.ArgumentParser(prog='python -m hybrid_jax study', description=mini.__doc__)
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax study', description=mini.__doc__)
   parser.add_argument('--preset', choices=sorted(PRESETS), default='mini', help='the study size')
   parser.add_argument('--out', default=None, type=checks.OUT_DIR,
                       help='output directory (default: runs/study_<preset>)')

@@ -13,13 +13,14 @@ that run, as `train` refuses it.
 """
 
 
-from hybrid_jax import checks, command_line
+from hybrid_jax import checks
+from hybrid_jax.commands import parsing
 from hybrid_jax.sweep import members as members_lib, runner as runner_lib, status as status_lib
 
 
 def _run_parser():
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep run', description=__doc__.splitlines()[0],
-                                  epilog='Any config key of every run is overridden with --config.KEY=VALUE.')
+  p = parsing.ArgumentParser(prog='python -m hybrid_jax sweep run', description=__doc__.splitlines()[0],
+                             epilog='Any config key of every run is overridden with --config.KEY=VALUE.')
   p.add_argument('--sweep', required=True, metavar='FILE:NAME',
                  help='sweep file (or the packaged sweep) and name, e.g. sweep:main or configs/sweep.py:main')
   p.add_argument('--root', required=True, help='folder of the run directories (a mounted bucket for --backend tpu)')
@@ -33,13 +34,32 @@ def _run_parser():
   p.add_argument('--wandb', default='', metavar='PROJECT',
                  help="also log every run's metrics.jsonl records to this Weights & Biases project (pip install "
                  "'hybrid_jax[wandb]'; WANDB_MODE=offline logs to files only)")
-  from hybrid_jax.sweep import tpu  # pylint: disable=g-import-not-at-top
-  tpu.add_flags(p)
+  _add_tpu_flags(p)
   return p
 
 
+def _add_tpu_flags(p) -> None:
+  """The flags of --backend tpu (hybrid_jax.sweep.tpu reads them as attributes of the parsed flags)."""
+  g = p.add_argument_group('--backend tpu')
+  g.add_argument('--zone', default='', help='the zone of the slices, e.g. us-east5-a')
+  g.add_argument('--project', default='', help="'' = gcloud's configured project")
+  g.add_argument('--accelerator', default='v5p-8', help='the accelerator type of runs without a --fit row')
+  g.add_argument('--version', default='v2-alpha-tpuv5', help='TPU software (runtime) version')
+  g.add_argument('--spot', action='store_true', help='spot (preemptible) capacity; preempted slices are re-queued')
+  g.add_argument('--repo', default='', help='git URL of this project, cloned on every new slice')
+  g.add_argument('--bucket', default='', help='the Cloud Storage bucket mounted at /mnt/BUCKET (holds --root)')
+  g.add_argument('--fit', metavar='FILE', type=checks.IN_FILE, default=None,
+                 help="compile-check rows (--json), e.g. docs/TPU_FIT.json: each run's topology, as plan reads it")
+  g.add_argument('--chip', default='v5p', help='with --fit: the TPU generation whose rows to use')
+  g.add_argument('--name-prefix', default='hj-sweep', help='slices are named PREFIX-<slot>')
+  g.add_argument('--poll-s', type=checks.flag_number(positive=True), default=30.0,
+                 help='seconds between looks at a queued slice (and before retrying a failed create)')
+  g.add_argument('--max-requeues', type=checks.POSITIVE_INT, default=20,
+                 help='preemptions and failed creates a run may meet before the runner gives up on it')
+
+
 def _status_parser():
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep status', description=status_lib.__doc__)
+  p = parsing.ArgumentParser(prog='python -m hybrid_jax sweep status', description=status_lib.__doc__)
   p.add_argument('--root', required=True, type=checks.IN_DIR, help='folder of the run directories')
   return p
 
@@ -77,7 +97,7 @@ def run(argv) -> int:
 
 def main(argv) -> int:
   """Run every run of a sweep (local or Cloud TPU, resumable), or print where each stands."""
-  p = command_line.ArgumentParser(prog='python -m hybrid_jax sweep', description=__doc__)
+  p = parsing.ArgumentParser(prog='python -m hybrid_jax sweep', description=__doc__)
   p.add_argument('command', choices=('run', 'status'), help='run: start or resume the runs; status: where each stands')
   p.add_argument('args', nargs='...', help="the command's flags")
   args = p.parse_args(argv)

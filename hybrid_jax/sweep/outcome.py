@@ -3,7 +3,7 @@
 import dataclasses
 import pathlib
 
-USER_ERROR = 2  # hybrid_jax.command_line: a UserError's `error: …` line.
+USER_ERROR = 2  # hybrid_jax.commands.parsing.run: a UserError's `error: …` line.
 STOPPED = (143, -15)  # SIGTERM: the trainer checkpointed and exited (or was killed by it).
 
 

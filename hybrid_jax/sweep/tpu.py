@@ -32,25 +32,6 @@ _TYPE_NAME = {'v5e': 'v5litepod'}
 LOST = ('SUSPENDING', 'SUSPENDED', 'FAILED', 'DELETING', '')  # A slice gone or going: re-queue it.
 
 
-def add_flags(p) -> None:
-  g = p.add_argument_group('--backend tpu')
-  g.add_argument('--zone', default='', help='the zone of the slices, e.g. us-east5-a')
-  g.add_argument('--project', default='', help="'' = gcloud's configured project")
-  g.add_argument('--accelerator', default='v5p-8', help='the accelerator type of runs without a --fit row')
-  g.add_argument('--version', default='v2-alpha-tpuv5', help='TPU software (runtime) version')
-  g.add_argument('--spot', action='store_true', help='spot (preemptible) capacity; preempted slices are re-queued')
-  g.add_argument('--repo', default='', help='git URL of this project, cloned on every new slice')
-  g.add_argument('--bucket', default='', help='the Cloud Storage bucket mounted at /mnt/BUCKET (holds --root)')
-  g.add_argument('--fit', metavar='FILE', type=checks.IN_FILE, default=None,
-                 help="compile-check rows (--json), e.g. docs/TPU_FIT.json: each run's topology, as plan reads it")
-  g.add_argument('--chip', default='v5p', help='with --fit: the TPU generation whose rows to use')
-  g.add_argument('--name-prefix', default='hj-sweep', help='slices are named PREFIX-<slot>')
-  g.add_argument('--poll-s', type=checks.flag_number(positive=True), default=30.0,
-                 help='seconds between looks at a queued slice (and before retrying a failed create)')
-  g.add_argument('--max-requeues', type=checks.POSITIVE_INT, default=20,
-                 help='preemptions and failed creates a run may meet before the runner gives up on it')
-
-
 def accelerator_type(target: str, chips: int) -> str:
   """compile-check's target ('v5p:4x4x4') and chip count as a gcloud accelerator type ('v5p-128')."""
   generation = target.partition(':')[0]
