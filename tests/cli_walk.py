@@ -1,12 +1,13 @@
 """Walking the command line in this process: every command's parser, and one command run as `python -m hybrid_jax`
-would run it (cli.main), for the generated bad-input tests."""
+would run it (hybrid_jax.commands.main), for the generated bad-input tests."""
 
 import argparse
 import contextlib
 
 import pytest
 
-from hybrid_jax import cli, command_line
+from hybrid_jax import commands
+from hybrid_jax.commands import parsing
 
 
 class Accepted(Exception):
@@ -15,8 +16,8 @@ class Accepted(Exception):
 
 @contextlib.contextmanager
 def parsers_seen(stop_at=None):
-  """Records every command_line.ArgumentParser that parses; raises Accepted once the parser `stop_at` accepts."""
-  seen, original = [], command_line.ArgumentParser.parse_known_args
+  """Records every parsing.ArgumentParser that parses; raises Accepted once the parser `stop_at` accepts."""
+  seen, original = [], parsing.ArgumentParser.parse_known_args
 
   def parse_known_args(self, args=None, namespace=None):
     seen.append(self)
@@ -25,18 +26,18 @@ def parsers_seen(stop_at=None):
       raise Accepted(f'{self.prog} accepted {args}')
     return result
 
-  command_line.ArgumentParser.parse_known_args = parse_known_args
+  parsing.ArgumentParser.parse_known_args = parse_known_args
   try:
     yield seen
   finally:
-    command_line.ArgumentParser.parse_known_args = original
+    parsing.ArgumentParser.parse_known_args = original
 
 
 def run_main(argv, capsys):
   """(exit status, stderr) of `python -m hybrid_jax ARGV` run in this process."""
   capsys.readouterr()
   with pytest.raises(SystemExit) as exit_info:
-    cli.main(['hybrid_jax', *argv])
+    commands.main(['hybrid_jax', *argv])
   return exit_info.value.code, capsys.readouterr().err
 
 
@@ -60,7 +61,7 @@ def sub_commands(parser):
 
 def leaf_parsers(capsys):
   """{command words: parser} of every command and sub-command, found through their --help."""
-  found, todo = {}, [[c] for c in [*cli.COMMANDS]]
+  found, todo = {}, [[c] for c in [*commands.COMMANDS]]
   while todo:
     words = todo.pop()
     with parsers_seen() as seen:

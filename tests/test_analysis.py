@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hybrid_jax import cli as top_cli, command_line
-from hybrid_jax.commands import analyze as cli
+from hybrid_jax import commands
+from hybrid_jax.commands import analyze as cli, parsing
 
 FAST = ['--no-progress', '--batch-size', '8']
 
@@ -21,7 +21,7 @@ def _outputs(workdir, name):
 
 
 def test_analyze_is_registered():
-  assert top_cli.COMMANDS['analyze'][0] == 'hybrid_jax.commands.analyze'
+  assert commands.COMMANDS['analyze'][0] == 'hybrid_jax.commands.analyze'
 
 
 def test_retrieval_heads_end_to_end(tiny_run):
@@ -77,7 +77,7 @@ def test_gradient_influence_end_to_end(tiny_run):
 def _status(argv) -> int:
   """The exit status of `analyze ARGV` as the command line reports it (a user error: one line, status 2)."""
   try:
-    return command_line.run(cli.main, argv)
+    return parsing.run(cli.main, argv)
   except SystemExit as e:  # A bad flag, refused while parsing.
     return e.code
 

@@ -19,7 +19,7 @@ def test_probe_keys_are_validated():
       validate(c)
 
 
-@pytest.mark.slow  # The mini-study smoke test (default suite) also checks probe metrics logged during training.
+@pytest.mark.e2e  # The mini-study smoke test (default suite) also checks probe metrics logged during training.
 def test_training_logs_probe_metrics(tmp_path):
   c = small_config()
   c.train.update(steps=8, checkpoint_every=8, retrieval_probe_every=4, retrieval_probe_samples=2,

@@ -2,7 +2,7 @@
 
 Interpret mode is slow, so shapes are tiny and the fast set is a representative subset: every window (1, 7, 64,
 128 = a block, 200, >= T, full), T (1, 63, 128, 500), GQA map (4:1, 1:1), sinks and dtype appears in it at least
-once. The exhaustive grid is marked slow (`pytest -m slow tests/test_attention_pallas.py`). Documents
+once. The exhaustive grid is in the end-to-end tier (`pytest -m e2e tests/test_attention_pallas.py`). Documents
 (`segment_ids`) are checked on rows that hold every kind of boundary (on a block edge, inside a block, documents
 of one token, the padding past T), and the block ranges are checked against the dense mask.
 """
@@ -123,7 +123,7 @@ def test_gpu_large_logits_stay_finite():
   assert rel(o, reference.attention(q, k, v, window=8, sinks=2)) <= 1e-5
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_gpu_large_logits_grads_stay_finite():
   q, k, v, do, _ = make(5, 200, 2, 1, 16, jnp.float32)
   q, k = 30 * q, 30 * k
@@ -295,27 +295,27 @@ def test_dispatch(monkeypatch):
   assert auto(bf, window=None, sinks=2) == dict(api._GPU_BY_WINDOW)[None]  # full causal: sinks moot
 
 
-# Exhaustive grid (slow): every window x T x GQA map in fp32 through the table blocks and the small ones, and bf16
+# Exhaustive grid (end-to-end tier): every window x T x GQA map in fp32 through the table blocks and the small ones, and bf16
 # and sinks on the longest T; every table block configuration the dispatcher can pick.
 _WINDOWS = (1, 7, 64, 128, 200, 1000, None)
 _TS = (1, 63, 128, 500)
 _GQA = ((4, 1), (2, 2))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('t,window,gqa,blocks', list(itertools.product(_TS, _WINDOWS, _GQA, (None, SMALL))))
 def test_gpu_grid(t, window, gqa, blocks):
   check(pallas_gpu.attention, t, window, *gqa, 16, blocks=blocks, interpret=True)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('window,sinks,dtype', list(itertools.product(_WINDOWS, (0, 5), (jnp.float32,
                                                                                         jnp.bfloat16))))
 def test_gpu_grid_sinks_dtypes(window, sinks, dtype):
   check(pallas_gpu.attention, 500, window, 4, 1, 64, sinks, dtype, blocks=SMALL, interpret=True)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('d,itemsize,blocks', config.all_gpu_blocks(itemsizes=(2, 4)), ids=str)
 def test_gpu_every_table_config(d, itemsize, blocks):
   dtype = {2: jnp.bfloat16, 4: jnp.float32}[itemsize]
@@ -323,13 +323,13 @@ def test_gpu_every_table_config(d, itemsize, blocks):
   check(pallas_gpu.attention, 300, None, 2, 2, d, 0, dtype, blocks=blocks, interpret=True)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('t,window,gqa,sinks', list(itertools.product(_TS, _WINDOWS, _GQA, (0, 5))))
 def test_tpu_grid(t, window, gqa, sinks):
   check(tpu, t, window, *gqa, 16, sinks)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('window', _WINDOWS)
 def test_tpu_bf16_d128(window):
   check(tpu, 300, window, 4, 2, 128, 0, jnp.bfloat16)

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from hybrid_jax.bench import data as bench_data
+from hybrid_jax.commands import bench as bench_command
 from hybrid_jax.config import ConfigError
 from tests.test_data import BASE_CONFIG
 
@@ -17,7 +18,7 @@ def test_bench_data_rows_and_headroom(tmp_path, capsys):
   argv = [f'--config={BASE_CONFIG}', '--config.data.source=files', f'--config.data.paths={tmp_path / "docs"}',
           '--config.data.seq_len=32', '--config.train.batch_size=4', '--batches', '3', '--min-seconds', '0',
           '--hosts', '2', '--tokens-per-s', '500', '--json', str(out)]
-  assert bench_data.main(argv) == 0
+  assert bench_command.main(['data', *argv]) == 0
   result = json.loads(out.read_text())
   assert result['required_tokens_per_s'] == 500
   assert [(r['path'], r['tokenizer'], r['workers']) for r in result['rows']] == [('on the fly', 'byte', 0),

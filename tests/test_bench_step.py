@@ -6,6 +6,7 @@ import json
 import pytest
 
 from hybrid_jax.bench import step as bench_step
+from hybrid_jax.commands import bench as bench_command
 from hybrid_jax.config import ConfigError
 from hybrid_jax.models import flops
 from hybrid_jax.train import metrics
@@ -24,7 +25,7 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
           '--trace-dir', str(tmp_path / 'trace'), *SMALL,
           '--set', 'model.num_layers=4', '--set', 'model.scan_layers=True', '--set', 'model.remat=save_dots',
           '--json', str(out)]
-  assert bench_step.main(argv) == 0
+  assert bench_command.main(['step', *argv]) == 0
   result = json.loads(out.read_text())
   s, c = result['step'], result['config']
   assert (c['seq_len'], c['batch_size'], c['grad_accum'], c['remat'], c['scan_layers']) == (64, 4, 2, 'save_dots',
@@ -64,7 +65,7 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
 def test_dry_run_compiles_nothing(capsys):
   argv = ['--config', f'{ROOT}/configs/hybrid.py:arch=gdn,scale=s4', '--batch_size', '8', '--set',
           'model.remat=save_dots', '--dry-run']
-  assert bench_step.main(argv) == 0
+  assert bench_command.main(['step', *argv]) == 0
   text = capsys.readouterr().out
   assert 'gdn_s4: config valid (16384 x 8' in text and '| gdn | 9 |' in text
 

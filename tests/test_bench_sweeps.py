@@ -9,6 +9,7 @@ import pytest
 
 from hybrid_jax.bench import attention as bench_attention
 from hybrid_jax.bench import scan as bench_scan
+from hybrid_jax.commands import bench as bench_command
 
 # Long and multi-line, as XLA's and Mosaic's errors are: nothing of it may be cut.
 LONG_ERROR = 'the kernel cannot be lowered:\n' + '\n'.join(f'  line {i}: ' + 'x' * 150 for i in range(4))
@@ -35,9 +36,9 @@ def _check_rows(rows, failing_impl, capsys):
 def test_attention_bench_keeps_the_whole_error_and_exits_nonzero(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(bench_attention, 'attention', _failing_for('reference', bench_attention.attention))
   out = tmp_path / 'attention.json'
-  code = bench_attention.main(['--seq-lens', '16', '--windows', 'full', '--heads', '1', '--head-dim', '8',
-                               '--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--impls', 'xla,reference',
-                               '--json', str(out)])
+  code = bench_command.main(['attention', '--seq-lens', '16', '--windows', 'full', '--heads', '1', '--head-dim', '8',
+                             '--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--impls', 'xla,reference',
+                             '--json', str(out)])
   assert code == 1
   _check_rows(json.loads(out.read_text())['rows'], 'reference', capsys)
 
@@ -46,9 +47,10 @@ def test_scan_bench_keeps_the_whole_error_and_exits_nonzero(tmp_path, monkeypatc
   kernels = dict(bench_scan.KERNELS)
   monkeypatch.setitem(bench_scan.KERNELS, 'linear_scan', _failing_for('reference', kernels['linear_scan']))
   out = tmp_path / 'scan.json'
-  code = bench_scan.main(['--seq-lens', '16', '--kernels', 'linear_scan', '--impls', 'xla,reference',
-                          '--baseline', 'xla', '--batch', '1', '--heads', '1', '--head-dim', '8', '--chunk-size', '16',
-                          '--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--no-bwd', '--json', str(out)])
+  code = bench_command.main(['scan', '--seq-lens', '16', '--kernels', 'linear_scan', '--impls', 'xla,reference',
+                             '--baseline', 'xla', '--batch', '1', '--heads', '1', '--head-dim', '8',
+                             '--chunk-size', '16', '--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--no-bwd',
+                             '--json', str(out)])
   assert code == 1
   _check_rows(json.loads(out.read_text())['rows'], 'reference', capsys)
 
@@ -58,9 +60,9 @@ def test_a_sweep_without_failures_exits_zero(tmp_path, bench):
   argv = {'attention': ['--seq-lens', '16', '--windows', 'full', '--heads', '1', '--head-dim', '8', '--impls', 'xla'],
           'scan': ['--seq-lens', '16', '--kernels', 'linear_scan', '--impls', 'xla', '--baseline', 'xla',
                    '--batch', '1', '--heads', '1', '--head-dim', '8', '--chunk-size', '16', '--no-bwd']}[bench]
-  main = {'attention': bench_attention.main, 'scan': bench_scan.main}[bench]
   out = tmp_path / 'out.json'
-  assert main(argv + ['--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--json', str(out)]) == 0
+  flags = ['--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--json', str(out)]
+  assert bench_command.main([bench, *argv, *flags]) == 0
   assert all('error' not in r for r in json.loads(out.read_text())['rows'])
 
 
@@ -72,7 +74,7 @@ def test_decode_bench_reports_the_state_it_decodes_with(tmp_path, monkeypatch):
   from tests.conftest import small_config
   monkeypatch.setattr(bench_decode, 'load_config_file', lambda spec: small_config('full'))
   out = tmp_path / 'decode.json'
-  assert bench_decode.main(['--arches', 'full', '--contexts', '32', '--steps', '2', '--json', str(out)]) == 0
+  assert bench_command.main(['decode', '--arches', 'full', '--contexts', '32', '--steps', '2', '--json', str(out)]) == 0
   [row] = json.loads(out.read_text())
   assert (row['arch'], row['layers'], row['context']) == ('full', 'full', 32) and row['ms_per_token'] > 0
   model_def, params = state_lib.init_model(small_config('full').model, 0)
@@ -91,10 +93,10 @@ def test_a_measurement_past_its_timeout_becomes_a_row_and_the_sweep_goes_on(tmp_
 
   monkeypatch.setitem(bench_scan.KERNELS, 'linear_scan', stuck_reference)
   out = tmp_path / 'scan.json'
-  code = bench_scan.main(['--seq-lens', '16', '--kernels', 'linear_scan', '--impls', 'reference,xla',
-                          '--baseline', 'xla', '--batch', '1', '--heads', '1', '--head-dim', '8', '--chunk-size', '16',
-                          '--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--no-bwd', '--timeout', '0.5',
-                          '--json', str(out)])
+  code = bench_command.main(['scan', '--seq-lens', '16', '--kernels', 'linear_scan', '--impls', 'reference,xla',
+                             '--baseline', 'xla', '--batch', '1', '--heads', '1', '--head-dim', '8',
+                             '--chunk-size', '16', '--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--no-bwd',
+                             '--timeout', '0.5', '--json', str(out)])
   assert code == 1
   stuck, fine = json.loads(out.read_text())['rows']
   assert stuck['impl'] == 'reference' and stuck['timed_out'] and 'timed out after 0.5 s' in stuck['error']
@@ -114,7 +116,7 @@ def test_each_row_is_written_the_moment_it_is_measured(tmp_path, monkeypatch, be
       return real(*args, **kwargs)
     monkeypatch.setattr(bench_attention, 'attention', spy)
     argv = ['--seq-lens', '16,32', '--windows', 'full', '--heads', '1', '--head-dim', '8', '--impls', 'xla']
-    main = bench_attention.main
+    name = 'attention'
   else:
     real = bench_scan.KERNELS['linear_scan']
 
@@ -124,7 +126,8 @@ def test_each_row_is_written_the_moment_it_is_measured(tmp_path, monkeypatch, be
     monkeypatch.setitem(bench_scan.KERNELS, 'linear_scan', spy)
     argv = ['--seq-lens', '16,32', '--kernels', 'linear_scan', '--impls', 'xla', '--baseline', 'xla', '--batch',
             '1', '--heads', '1', '--head-dim', '8', '--chunk-size', '16', '--no-bwd']
-    main = bench_scan.main
-  assert main(argv + ['--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--json', str(out)]) == 0
+    name = 'scan'
+  flags = ['--gemm', '8', '--repeats', '1', '--min-seconds', '0', '--json', str(out)]
+  assert bench_command.main([name, *argv, *flags]) == 0
   # Tracing the second T's measurement happens after the first row was written.
   assert seen[0] == 0 and seen[-1] == 1

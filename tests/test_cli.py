@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybrid_jax import cli
+from hybrid_jax import commands
 from hybrid_jax.analysis import scaling_law
 from hybrid_jax.config import BASE_CONFIG
 from hybrid_jax.commands import config_flags
@@ -39,7 +39,7 @@ def _assert_user_error(out, *fragments):
 def test_top_level_help_lists_every_command():
   out = _run('--help')
   assert out.returncode == 0, out.stderr
-  for name in [*cli.COMMANDS]:
+  for name in [*commands.COMMANDS]:
     assert f'\n  {name} ' in out.stdout, name
 
 
@@ -66,16 +66,16 @@ def test_packaged_configs_by_name_from_another_directory(tmp_path, capsys):
     assert (elsewhere.returncode, elsewhere.stdout) == (0, by_file.stdout), elsewhere.stderr
   _assert_user_error(_run('params', '--config=nosuch:arch=gdn', cwd=tmp_path), "config file 'nosuch' does not exist")
   with pytest.raises(SystemExit):
-    cli.main(['hybrid_jax', 'params', '--help'])
+    commands.main(['hybrid_jax', 'params', '--help'])
   assert f'the packaged base config, {BASE_CONFIG}.' in ' '.join(capsys.readouterr().out.split())
 
 
 def test_every_command_help_exits_0_in_process(capsys):
   """The same parsers, in one process (a subprocess each would cost seconds): every flag has a help line."""
-  for command in [*cli.COMMANDS, 'bench attention', 'bench scan', 'bench decode', 'bench step',
+  for command in [*commands.COMMANDS, 'bench attention', 'bench scan', 'bench decode', 'bench step',
                   'bench data', 'hf export', 'hf import', 'analyze probing']:
     with pytest.raises(SystemExit) as exit_info:
-      cli.main(['hybrid_jax', *command.split(), '--help'])
+      commands.main(['hybrid_jax', *command.split(), '--help'])
     assert exit_info.value.code == 0, command
     text = capsys.readouterr().out
     assert 'usage: python -m hybrid_jax' in text, command
@@ -143,7 +143,7 @@ def test_an_explicit_warmup_is_kept_and_checked():
                      'config.train.warmup_steps=30 is invalid: must be smaller than train.steps=2')
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_train_with_two_steps_trains(tmp_path):
   """`train --config.train.steps=2` trains: warmup, eval and checkpoint intervals follow steps."""
   out = _run('train', f'--workdir={tmp_path}', '--config.train.steps=2', *TINY)
@@ -164,11 +164,11 @@ def test_fit_writes_under_out_default_the_working_directory(tmp_path, monkeypatc
   monkeypatch.chdir(work)
   try:
     with pytest.raises(SystemExit) as exit_info:
-      cli.main(['hybrid_jax', 'fit', '--data', str(data), '--log-metric'])
+      commands.main(['hybrid_jax', 'fit', '--data', str(data), '--log-metric'])
   finally:
     data_dir.chmod(0o755)
   assert exit_info.value.code == 0, capsys.readouterr().err
   assert (work / 'points_fit.png').is_file() and sorted(p.name for p in data_dir.iterdir()) == ['points.tsv']
   with pytest.raises(SystemExit) as exit_info:
-    cli.main(['hybrid_jax', 'fit', '--data', str(data), '--log-metric', '--out', str(tmp_path / 'plots')])
+    commands.main(['hybrid_jax', 'fit', '--data', str(data), '--log-metric', '--out', str(tmp_path / 'plots')])
   assert exit_info.value.code == 0 and (tmp_path / 'plots' / 'points_fit.png').is_file()

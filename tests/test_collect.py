@@ -6,11 +6,10 @@ import shutil
 
 import pytest
 
-from hybrid_jax import command_line
 from hybrid_jax.analysis import scaling_law
 from hybrid_jax.models.counting import param_counts
 from hybrid_jax.study import collect
-from hybrid_jax.commands import collect as collect_command
+from hybrid_jax.commands import collect as collect_command, parsing
 
 
 def _copy_run(tiny_run, tmp_path, name, evals):
@@ -53,11 +52,11 @@ def test_collect_rows_and_fit_reads_them(tiny_run, tmp_path, capsys):
 
 
 def test_collect_errors(tiny_run, tmp_path, capsys):
-  assert command_line.run(collect_command.main, [str(tmp_path), '--out', str(tmp_path / 'x.tsv')]) == 2
+  assert parsing.run(collect_command.main, [str(tmp_path), '--out', str(tmp_path / 'x.tsv')]) == 2
   assert 'no config.json' in capsys.readouterr().err
   run = tmp_path / 'unfinished'
   shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns('checkpoints', 'report.json'))
-  assert command_line.run(collect_command.main, [str(run), '--out', str(tmp_path / 'x.tsv')]) == 2
+  assert parsing.run(collect_command.main, [str(run), '--out', str(tmp_path / 'x.tsv')]) == 2
   assert 'no report.json' in capsys.readouterr().err
 
 

@@ -5,6 +5,9 @@ and for a few with sequence 4 beside tensor 2, the sharded forward logits and pa
 unsharded ones (float32, relative error <= 1e-5), on packed rows whose documents cross shard boundaries (one starts
 exactly at one) with a window of 24 tokens, three shards long at sequence 8. The Pallas kernels run interpreted
 inside the shard map. All cases run in one interpreter (the device count is fixed when jax starts).
+
+The default tier checks each mixer kind once (sequence 4 beside FSDP, and one Pallas kernel interpreted inside the
+shard map); the whole grid and the training run are the end-to-end tier's.
 """
 
 import json
@@ -77,6 +80,26 @@ def _run(cases) -> list[dict]:
   return [json.loads(line) for line in out.splitlines() if line.startswith('{')]
 
 
+# One arch per mixer kind (sliding, full, Lightning, Mamba-2, GDN, head-wise split), at the mesh of sequence 4.
+EACH_KIND = ('swa128', 'full', 'lightning', 'mamba2', 'gdn', 'swa128_headwise')
+
+
+@pytest.fixture(scope='module')
+def each_kind():
+  return _run([(arch, [MESHES[1]], 'auto') for arch in EACH_KIND] + [('gdn', [MESHES[2]], 'pallas_tpu')])
+
+
+@pytest.mark.parametrize('arch', EACH_KIND)
+def test_each_mixer_kind_over_a_split_sequence_equals_the_whole_row(each_kind, arch):
+  (row,) = _rows(each_kind, arch, 'auto')
+  assert row['logits'] <= TOLERANCE and row['grads'] <= TOLERANCE, row
+
+
+def test_a_pallas_scan_interpreted_over_eight_shards_equals_the_whole_row(each_kind):
+  (row,) = _rows(each_kind, 'gdn', 'pallas_tpu')
+  assert tuple(row['mesh']) == MESHES[2] and row['logits'] <= TOLERANCE and row['grads'] <= TOLERANCE, row
+
+
 @pytest.fixture(scope='module')
 def results():
   cases = [(arch, MESHES, 'auto') for arch in sorted(hybrid.ARCHES)]
@@ -91,6 +114,7 @@ def _rows(results, arch, implementation):
   return rows
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('arch', sorted(hybrid.ARCHES))
 def test_every_study_arch_over_a_split_sequence_equals_the_whole_row(results, arch):
   rows = _rows(results, arch, 'auto')
@@ -99,6 +123,7 @@ def test_every_study_arch_over_a_split_sequence_equals_the_whole_row(results, ar
     assert r['logits'] <= TOLERANCE and r['grads'] <= TOLERANCE, r
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('implementation', ['pallas_tpu', 'pallas_gpu'])
 @pytest.mark.parametrize('arch', PALLAS_ARCHES)
 def test_the_pallas_kernels_interpreted_inside_the_shard_map(results, arch, implementation):
@@ -106,6 +131,7 @@ def test_the_pallas_kernels_interpreted_inside_the_shard_map(results, arch, impl
     assert r['logits'] <= TOLERANCE and r['grads'] <= TOLERANCE, r
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('arch', TENSOR_ARCHES)
 def test_a_split_sequence_beside_tensor_parallelism(results, arch):
   (row,) = _rows(results, arch, 'xla')
@@ -131,6 +157,7 @@ def _train(n_devices, workdir, shape, steps):
                           arch='gdn', batch_size=4, loss_chunk=16)
 
 
+@pytest.mark.e2e
 def test_training_over_a_split_sequence_resumes_on_one_device_with_the_same_losses(tmp_path):
   """The trainer on data 2 x sequence 4 (packed documents, chunked loss) checkpoints at step 3; one device resumed
   from it trains steps 4-6 to the same losses, so the batches, the loss and the update are the whole row's."""

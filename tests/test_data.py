@@ -10,8 +10,7 @@ import grain
 import numpy as np
 import pytest
 
-from hybrid_jax import command_line
-from hybrid_jax.commands import build_tfds as build_tfds_command
+from hybrid_jax.commands import build_tfds as build_tfds_command, parsing
 from hybrid_jax.config import ConfigError, load_config_file
 from hybrid_jax.data import catalog, pipeline, sources, tfds_local, tokenizers
 
@@ -427,7 +426,7 @@ def test_build_tfds_command_prints_the_flags_that_train_on_it(tmp_path, capsys):
   flags = dict(f.removeprefix('--config.data.').split('=', 1) for f in line.split())
   c = make_config(**flags)
   assert sorted(_texts_of_both_splits(c.data)) == [f'document number {i}' for i in range(3)]
-  assert command_line.run(build_tfds_command.main, [str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
+  assert parsing.run(build_tfds_command.main, [str(tmp_path / 'nothing*.txt'), str(tmp_path / 'tfds')]) == 2
   assert 'matches no' in capsys.readouterr().err
 
 
@@ -437,7 +436,7 @@ def test_tfds_missing_dataset(tmp_path):
     catalog.make_source(c.data, 'train')
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_worker_processes_match_shapes(corpus):
   c = make_config(source='files', paths=str(corpus), worker_count=2)
   it = iter(pipeline.make_train_dataset(c))

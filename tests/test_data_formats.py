@@ -7,8 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from hybrid_jax import command_line
-from hybrid_jax.commands import pretokenize as pretokenize_command
+from hybrid_jax.commands import parsing, pretokenize as pretokenize_command
 from hybrid_jax.config import ConfigError
 from hybrid_jax.data import catalog, parquet, pipeline, pretokenize, pretokenized, sources, tokenizers
 from tests import host_reader
@@ -273,7 +272,7 @@ def test_pretokenize_command(tmp_path, capsys):
   assert f'--config.data.source=pretokenized --config.data.paths={tmp_path / "out"}' in out
   argv[4] = '--config.model.vocab_size=257'  # The tokenizer has 300 ids.
   argv[-1] = str(tmp_path / 'out2')
-  assert command_line.run(pretokenize_command.main, argv) == 2
+  assert parsing.run(pretokenize_command.main, argv) == 2
   assert 'vocab_size=257' in capsys.readouterr().err and not (tmp_path / 'out2').exists()
 
 
@@ -311,7 +310,7 @@ def test_pretokenize_is_atomic_and_shows_progress(tmp_path, capsys, monkeypatch)
     pretokenize.pretokenize(config, str(tmp_path / 'recall'))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_pretokenize_with_worker_processes_writes_the_same_records(tmp_path):
   config = _parquet_config(tmp_path)
   one = pretokenize.pretokenize(config, str(tmp_path / 'one'), shard_tokens=800)

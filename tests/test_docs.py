@@ -1,5 +1,5 @@
 """The documentation's references hold: every test docs/CLAIMS.md names exists and runs where it says (the
-default suite unless marked `-m slow`), every README / BENCHMARKS claim row names a check, and every citation of a
+default tier unless marked `-m e2e`: the end-to-end tier), every README / BENCHMARKS claim row names a check, and every citation of a
 docs/ page names a page and section that exist."""
 
 import ast
@@ -8,20 +8,20 @@ import re
 from tests.conftest import ROOT
 
 CLAIMS = ROOT / 'docs' / 'CLAIMS.md'
-_TEST_REF = re.compile(r'(`-m slow` )?tests/(\w+\.py)::(\w+)')
+_TEST_REF = re.compile(r'(`-m e2e` )?tests/(\w+\.py)::(\w+)')
 _DOC_REF = re.compile(r'docs/([A-Z_]+\.md)(?:, "([^"]+)")?')
 
 
-def _is_slow(decorators) -> bool:
-  return any('slow' in ast.unparse(d) for d in decorators)
+def _is_e2e(decorators) -> bool:
+  return any('mark.e2e' in ast.unparse(d) for d in decorators)
 
 
 def _test_functions(filename) -> dict[str, bool]:
-  """{test function: marked slow} of a test module, read without importing it."""
+  """{test function: in the end-to-end tier} of a test module, read without importing it."""
   tree = ast.parse((ROOT / 'tests' / filename).read_text())
-  module_slow = any(isinstance(node, ast.Assign) and 'pytestmark' in ast.unparse(node.targets[0]) and
-                    'slow' in ast.unparse(node.value) for node in tree.body)
-  return {node.name: module_slow or _is_slow(node.decorator_list) for node in tree.body
+  module_e2e = any(isinstance(node, ast.Assign) and 'pytestmark' in ast.unparse(node.targets[0]) and
+                    'mark.e2e' in ast.unparse(node.value) for node in tree.body)
+  return {node.name: module_e2e or _is_e2e(node.decorator_list) for node in tree.body
           if isinstance(node, ast.FunctionDef) and node.name.startswith('test_')}
 
 
@@ -37,20 +37,19 @@ def _claim_rows():
 def test_every_test_the_claims_table_names_exists_and_runs_where_it_says():
   refs = _TEST_REF.findall(CLAIMS.read_text())
   assert len(refs) > 50
-  for slow_marker, filename, name in refs:
+  for e2e_marker, filename, name in refs:
     functions = _test_functions(filename)
     assert name in functions, f'docs/CLAIMS.md names tests/{filename}::{name}, which does not exist'
-    assert functions[name] == bool(slow_marker), (
-        f'tests/{filename}::{name} is {"" if functions[name] else "not "}marked slow; docs/CLAIMS.md must say '
-        f'"`-m slow`" before exactly the slow ones')
+    assert functions[name] == bool(e2e_marker), (
+        f'tests/{filename}::{name} is {"" if functions[name] else "not "}in the end-to-end tier; docs/CLAIMS.md '
+        f'must say "`-m e2e`" before exactly the end-to-end ones')
 
 
-def test_every_claim_row_names_a_default_test_or_says_why_not():
+def test_every_claim_row_names_a_test_or_says_why_not():
   rows = _claim_rows()
   assert len(rows) > 40
   for claim, checked_by in rows:
-    default_tests = [r for r in _TEST_REF.findall(checked_by) if not r[0]]
-    assert default_tests or 'measurement' in checked_by or '.ci/run' in checked_by, claim
+    assert _TEST_REF.findall(checked_by) or 'measurement' in checked_by or '.ci/run' in checked_by, claim
 
 
 def _cited_files():

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import small_config
-from hybrid_jax import command_line
 from hybrid_jax.train import runs
 from hybrid_jax.data import catalog, pipeline
 from hybrid_jax.data.tokenizers import ByteTokenizer
-from hybrid_jax.commands import eval as cli
+from hybrid_jax.commands import eval as cli, parsing
 from hybrid_jax.eval import suite
 from hybrid_jax.eval.scoring import ModelScorer
 from hybrid_jax.train import state as state_lib
@@ -192,7 +191,7 @@ def test_longbench_from_local_files(tiny_run, tmp_path):
 def _status(argv) -> int:
   """The exit status of `eval ARGV` as the command line reports it (a user error: one line, status 2)."""
   try:
-    return command_line.run(cli.main, argv)
+    return parsing.run(cli.main, argv)
   except SystemExit as e:  # A bad flag, refused while parsing.
     return e.code
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from hybrid_jax import cli as hybrid_jax_cli, command_line
+from hybrid_jax import commands
 
 from hybrid_jax.train import runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
-from hybrid_jax.commands import hf as cli
+from hybrid_jax.commands import hf as cli, parsing
 from hybrid_jax.hf import HFError, config_map, io, weights
 from hybrid_jax.train import state as state_lib
 
@@ -60,13 +60,13 @@ def test_logits_match_transformers(name):
   assert _rel_err(ours, ref['logits']) <= REL_TOL
 
 
-# Windows shorter than the prompt, NoPE, an irregular pattern and the scalings in the default suite; the rest under
-# -m slow.
+# Windows shorter than the prompt, NoPE, an irregular pattern and the scalings in the default tier; the rest in the
+# end-to-end tier (-m e2e).
 DEFAULT_GREEDY = ('hf_granite_swa_nope', 'jax_mistral_swa', 'hf_granite_swa_scaled', 'hf_granite_swa_sinks',
                   'hf_qwen3_5', 'hf_nemotron_h')
 
 
-@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in DEFAULT_GREEDY else [pytest.mark.slow])
+@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in DEFAULT_GREEDY else [pytest.mark.e2e])
                                   for n in FIXTURES])
 def test_greedy_tokens_match_transformers(name):
   """The decode path (KV caches, SWA rings) continues greedily exactly as transformers' generate did."""
@@ -148,8 +148,8 @@ def test_a_tensor_name_table_reads_renamed_checkpoints(tmp_path, capsys):
     np.testing.assert_array_equal(a, b)
   del table['layer']['mlp.up']
   (tmp_path / 'bad.json').write_text(json.dumps(table))
-  assert command_line.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run2'), '--tensor-names',
-                                     str(tmp_path / 'bad.json')]) == 2
+  assert parsing.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run2'), '--tensor-names',
+                                str(tmp_path / 'bad.json')]) == 2
   assert "\"layer\" must map exactly" in capsys.readouterr().err and "missing ['mlp.up']" in str(
       pytest.raises(HFError, weights.read_table, tmp_path / 'bad.json').value)
   assert not (tmp_path / 'run2').exists()
@@ -226,7 +226,7 @@ def test_cli_import_run_then_export(tmp_path, capsys):
   """`hf import` writes a run that runs.load_run reads; `hf export` of it writes the tied head out untied."""
   source = DATA / 'hf_llama_tied'
   with pytest.raises(SystemExit) as exit_info:  # Through `python -m hybrid_jax hf ...`'s dispatch.
-    hybrid_jax_cli.main(['hybrid_jax', 'hf', 'import', str(source), '--workdir', str(tmp_path / 'run')])
+    commands.main(['hybrid_jax', 'hf', 'import', str(source), '--workdir', str(tmp_path / 'run')])
   assert exit_info.value.code == 0
   assert json.loads(capsys.readouterr().out)['tied_embeddings'] is True
   run = runs.load_run(tmp_path / 'run')
@@ -242,7 +242,7 @@ def test_cli_import_run_then_export(tmp_path, capsys):
   for key in original:
     np.testing.assert_array_equal(out[key], original[key], err_msg=key)
   np.testing.assert_array_equal(out['lm_head.weight'], original['model.embed_tokens.weight'])
-  assert command_line.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
+  assert parsing.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
   assert f"--workdir={tmp_path / 'run'} is not empty" in capsys.readouterr().err
 
 
@@ -258,22 +258,22 @@ def test_hf_commands_write_over_no_file_without_a_word(tmp_path, capsys):
            (['import', str(source), '--workdir', str(tmp_path / 'into')], '--workdir=')]
   for argv, flag in cases:
     capsys.readouterr()
-    assert command_line.run(cli.main, argv) == 2
+    assert parsing.run(cli.main, argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and flag in err and 'is not empty (it holds notes.txt)' in err, err
   assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['notes.txt']
   assert sorted(p.name for p in (tmp_path / 'into').iterdir()) == ['notes.txt']
   assert cli.main(cases[0][0] + ['--overwrite']) == 0
   assert (tmp_path / 'out' / 'notes.txt').read_text() == 'mine' and (tmp_path / 'out' / 'config.json').is_file()
-  assert command_line.run(cli.main, ['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'o2'),
-                                     '--max-shard-size', '0.5']) == 2
+  assert parsing.run(cli.main, ['export', '--workdir', str(tmp_path / 'run'), '--out', str(tmp_path / 'o2'),
+                                '--max-shard-size', '0.5']) == 2
   assert "--max-shard-size='0.5' is invalid" in capsys.readouterr().err and not (tmp_path / 'o2').exists()
   ints = tmp_path / 'ints'
   shutil.copytree(source, ints)
   tensors = load_file(str(ints / io.WEIGHTS_FILE))
   tensors['model.norm.weight'] = tensors['model.norm.weight'].astype(np.int32)
   save_file(tensors, str(ints / io.WEIGHTS_FILE))
-  assert command_line.run(cli.main, ['import', str(ints), '--workdir', str(tmp_path / 'r2')]) == 2
+  assert parsing.run(cli.main, ['import', str(ints), '--workdir', str(tmp_path / 'r2')]) == 2
   assert "tensor 'model.norm.weight' is int32; only floating-point weights" in capsys.readouterr().err
 
 
@@ -301,7 +301,7 @@ def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, c
   run.mkdir()
   (run / 'config.json').write_text(_tiny_config(cycle=('mamba2', 'full')).to_json_best_effort())
   # (no checkpoints)
-  assert command_line.run(cli.main, ['export', '--workdir', str(run), '--out', str(tmp_path / 'out')]) == 2
+  assert parsing.run(cli.main, ['export', '--workdir', str(run), '--out', str(tmp_path / 'out')]) == 2
   # Mamba-2 layers are the released hybrids', but none computes this one: one line, the key each differs in.
   [line] = capsys.readouterr().err.strip().splitlines()
   assert line.startswith('error: no transformers class computes what this model does') and 'bamba: ' in line
@@ -455,7 +455,7 @@ def test_hf_tokenizer_travels_both_ways(tmp_path, capsys):
   tok = Tokenizer(models.WordLevel({**{f'w{i}': i for i in range(80)}, '</s>': 80}, unk_token='w0'))
   tok.add_special_tokens(['</s>'])
   tok.save(str(big / io.HF_TOKENIZER_FILE))
-  assert command_line.run(cli.main, ['import', str(big), '--workdir', str(tmp_path / 'no')]) == 2
+  assert parsing.run(cli.main, ['import', str(big), '--workdir', str(tmp_path / 'no')]) == 2
   assert 'has 81 ids but config.json vocab_size=64' in capsys.readouterr().err
   assert not (tmp_path / 'no').exists()
 

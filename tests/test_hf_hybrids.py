@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from hybrid_jax import command_line
-from hybrid_jax.commands import analyze, hf as hf_cli, train as train_cli
+from hybrid_jax.commands import analyze, hf as hf_cli, parsing, train as train_cli
 from hybrid_jax.hf import HFError, families, family_export, family_weights, io
 from hybrid_jax.train import runs
 from tests.test_hf import DATA, REL_TOL, _edited_copy, _logits, _rel_err, _tiny_config
@@ -163,8 +162,8 @@ def test_an_imported_model_without_a_fitting_tokenizer_is_refused_by_the_analyse
   run = tmp_path / 'run'
   assert hf_cli.main(['import', str(DATA / 'hf_bamba'), '--workdir', str(run)]) == 0
   capsys.readouterr()
-  status = command_line.run(analyze.main, ['retrieval-heads', '--workdir', str(run), '--source', 'study',
-                                           '--length', '200', '--samples', '2', '--no-progress'])
+  status = parsing.run(analyze.main, ['retrieval-heads', '--workdir', str(run), '--source', 'study',
+                                      '--length', '200', '--samples', '2', '--no-progress'])
   assert status == 2 and 'model.vocab_size=64 is invalid' in capsys.readouterr().err
 
 
@@ -184,7 +183,7 @@ def test_training_continues_from_an_imported_model(tmp_path, capsys):
            '--config.model.mamba2.conv_bias=True', '--config.model.mamba2.norm_by_group=True',
            '--config.model.mamba2.dt_floor=0.001', '--config.train.checkpoint_every=1', '--config.train.log_every=1',
            '--config.eval.documents=0', '--config.eval.batches=1', '--config.train.progress=False']
-  status = command_line.run(train_cli.main, flags)
+  status = parsing.run(train_cli.main, flags)
   err = capsys.readouterr().err
   assert status in (0, None), err[-3000:]
   records = [json.loads(line) for line in (out / 'metrics.jsonl').read_text().splitlines()]
@@ -313,7 +312,7 @@ def test_a_vision_language_qwen3_5_checkpoint_imports_its_text_model(tmp_path, c
 
 def test_a_mixture_of_experts_is_one_line_at_the_command_line(tmp_path, capsys):
   source = _no_weights_copy(tmp_path, 'hf_granite_hybrid', dict(num_local_experts=4, num_experts_per_tok=2))
-  assert command_line.run(hf_cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
+  assert parsing.run(hf_cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
   err = capsys.readouterr().err.strip()
   assert err.count('\n') == 0 and err.startswith('error: ') and 'num_local_experts=4' in err
   assert not (tmp_path / 'run').exists()
@@ -372,7 +371,7 @@ def test_olmo_hybrid_conv_channels_that_do_not_add_up_are_one_line(tmp_path, cap
   """Any cut of the fused conv is read, but the channels must add up to the layer's q + k + v widths."""
   v = 'model.layers.2.linear_attn.v_conv1d.weight'
   source = _edited_copy(tmp_path, OLMO_AS_SAVED, lambda t: t.__setitem__(v, t[v][:-1]))
-  assert command_line.run(hf_cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
+  assert parsing.run(hf_cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
   err = capsys.readouterr().err.strip()
   assert err.count('\n') == 0 and err.startswith('error: '), err
   for part in 'qkv':

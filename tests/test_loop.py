@@ -231,7 +231,7 @@ def test_cli_params_prints_the_study_counts():
   assert unknown.returncode == 2 and "invalid choice: 'fly'" in unknown.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_readme_main_job_trains_and_reports(tmp_path):
   """The README's main job, unchanged: the tiny SWA-128-NoPE hybrid on the built-in corpus."""
   out = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={tmp_path}'], capture_output=True,

@@ -70,7 +70,7 @@ def test_dry_run_measures_every_phase(tmp_path):
   assert 'done; files:' in stdout
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_dry_run_every_step_run(tmp_path):
   out, _ = _dry_run(tmp_path, 'full swa128_nope gdn gdn_pallas_scan gdn_documents')
   _check_kernels(out)

@@ -214,7 +214,7 @@ def test_windows_and_distances_follow_the_preset():
     assert long.seq_len == 2 * p.seq_len and long.recall.distance_ranges[-1][0] > p.seq_len
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mini_preset(tmp_path):
   """The real preset, one seed (12-25 minutes on 2 cores, BENCHMARKS.md, "The mini-study")."""
   assert study_command.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0

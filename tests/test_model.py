@@ -73,8 +73,8 @@ def _to_scanned(unrolled, scanned_template, period, n_cycles):
 
 
 # save_dots (the study scales' default) in the fast suite; it checks the scan as well as the remat policy.
-@pytest.mark.parametrize('remat', ['save_dots', pytest.param('full', marks=pytest.mark.slow),
-                                   pytest.param('none', marks=pytest.mark.slow)])
+@pytest.mark.parametrize('remat', ['save_dots', pytest.param('full', marks=pytest.mark.e2e),
+                                   pytest.param('none', marks=pytest.mark.e2e)])
 def test_scanned_stack_computes_the_unrolled_function(remat):
   cfg = small_config('swa128', num_layers=5, window=8).model  # 2 scanned cycles of 2 + 1 leftover layer.
   _, params = state_lib.init_model(cfg, 0)
@@ -200,7 +200,7 @@ def test_scanned_params_carry_the_layers_axis():
 
 
 # small_config sets window=16 for every arch, so swa512 / swa2048 repeat swa128 here: slow only.
-@pytest.mark.parametrize('arch', [pytest.param(a, marks=pytest.mark.slow) if a in ('swa512', 'swa2048') else a
+@pytest.mark.parametrize('arch', [pytest.param(a, marks=pytest.mark.e2e) if a in ('swa512', 'swa2048') else a
                                   for a in ARCHES])
 def test_causal(arch):
   cfg = small_config(arch).model

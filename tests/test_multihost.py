@@ -204,7 +204,7 @@ def _reference_losses(steps, processes):
   return out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   workdir = tmp_path / 'run'
   procs = _processes(2, train_command(workdir, '--config.train.steps=6', '--config.train.checkpoint_every=3')[3:],
@@ -229,7 +229,7 @@ def test_two_processes_match_one_and_resume_after_restart(tmp_path):
   assert max(abs(got[s] - longer[s]) for s in (7, 8)) < 1e-5
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_splitting_the_sequence_read_the_same_rows(tmp_path):
   """data 1 x sequence 2 over two processes of one device each: both hold every row of the batch (half of its
   tokens each), so both read the same rows, and the losses are those of one process reading alone."""
@@ -244,7 +244,7 @@ def test_two_processes_splitting_the_sequence_read_the_same_rows(tmp_path):
   assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (got, expected)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigterm_to_one_process_checkpoints_both_at_the_same_step(tmp_path):
   """SIGTERM reaches one process of two; jax's preemption service makes both stop after the same step and write
   that step's checkpoint (the interval, 100,000 steps, is never reached), then exit with status 143."""
@@ -266,7 +266,7 @@ def test_sigterm_to_one_process_checkpoints_both_at_the_same_step(tmp_path):
     assert f'preempted at step {report["steps"]}' in _log(tmp_path, pid)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_killing_one_process_makes_the_other_exit_with_a_clear_error(tmp_path):
   workdir = tmp_path / 'run'
   heartbeat = 10

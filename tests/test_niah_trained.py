@@ -26,7 +26,7 @@ def needle_document(rng):
   return ' '.join(words) + ' key=', value
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_trained_tiny_model_beats_chance_on_short_needles(tmp_path):
   rng = random.Random(0)
   data = tmp_path / 'needles.jsonl'

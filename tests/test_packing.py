@@ -58,7 +58,7 @@ def test_a_document_cut_by_a_row_end_continues_as_the_next_rows_first_segment(co
     assert segments[0] == 1 and positions[0] == 0 and inputs[0] != ord('L') and inputs[0] != ord('S')
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_grain_worker_processes_carry_the_documents(corpus):
   c = make_config(source='files', paths=str(corpus), long_doc_min_tokens=50, worker_count=2)
   it = iter(pipeline.make_train_dataset(c))

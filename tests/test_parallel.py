@@ -282,7 +282,7 @@ def test_activations_are_constrained_in_sharded_steps_only():
   assert sharded >= 3 + 2  # embeddings, each of the 3 blocks and the logits (backward passes add more)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('arch', ARCHES)
 def test_every_arch_under_every_mesh_matches_one_device(arch):
   _check_matrix({arch: [list(s) for s in MESHES]})
@@ -333,7 +333,7 @@ def test_checkpoint_from_8_devices_restores_on_1(tmp_path):
   _restored_onto(tmp_path, reference, 1, [1, 1, 1])
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_checkpoint_from_8_devices_restores_on_4_and_1(tmp_path):
   reference = _train(8, tmp_path / 'ref', [2, 2, 2], 6)
   _restored_onto(tmp_path, reference, 4, [1, 4, 1])

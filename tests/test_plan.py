@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from hybrid_jax import cli, config as config_lib
+from hybrid_jax import commands, config as config_lib
 from hybrid_jax.compile_check import rows as compile_check_rows
 from hybrid_jax.study import plan
 from hybrid_jax.commands import plan as plan_command
@@ -82,7 +82,7 @@ def test_the_packaged_sweeps_by_name_from_any_directory(tmp_path, monkeypatch, c
 def _plan_status(argv) -> int:
   """The exit status of `python -m hybrid_jax plan ARGV` through the command line's entry, in this process."""
   with pytest.raises(SystemExit) as exit_info:
-    cli.main(['hybrid_jax', 'plan', *argv])
+    commands.main(['hybrid_jax', 'plan', *argv])
   return exit_info.value.code
 
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from scipy import optimize, special
 
-from hybrid_jax import command_line
 from hybrid_jax.analysis import scaling_law
-from hybrid_jax.commands import fit as fit_command
+from hybrid_jax.commands import fit as fit_command, parsing
 from tests.conftest import ROOT
 
 STUDY_FILE = ROOT / 'tests' / 'data' / 'swa128_longppl.tsv'
@@ -32,7 +31,7 @@ def _synthetic(coefs, noise, seed=0):
   return scaling_law.Points([f'N{int(x)}' for x in n], n, d, y)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_recovers_known_coefficients_from_noisy_synthetic_data():
   """The study's full grid of 1,728 starts (minutes on 2 cores)."""
   truth = {'b': 400.0, 'alpha': 0.26, 'c': 2000.0, 'beta': 0.33}
@@ -134,7 +133,7 @@ def test_the_default_fit_is_the_released_procedure():
   assert result['mae_holdout'] == pytest.approx(0.023218, abs=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_independent_reimplementation_gives_the_pinned_numbers():
   result = _released_procedure(STUDY_FILE)
   for key, value in RELEASED.items():
@@ -228,7 +227,7 @@ def test_cli_prints_the_json_and_writes_the_plot(tmp_path, monkeypatch, capsys):
 def test_bad_data_gets_a_clear_error(tmp_path, capsys, content, message):
   path = tmp_path / 'points.tsv'
   path.write_text(content)
-  assert command_line.run(fit_command.main, ['--data', str(path), '--out', str(tmp_path / 'out')]) == 2
+  assert parsing.run(fit_command.main, ['--data', str(path), '--out', str(tmp_path / 'out')]) == 2
   err = capsys.readouterr().err
   assert message in err and err.startswith('error: ') and err.count('\n') == 1
 
@@ -243,7 +242,7 @@ def test_missing_file_and_log_of_small_values():
 @pytest.mark.parametrize('bounds', ['0.3,0.2', '0.2', '0.2,0.25,0.3'])
 def test_alpha_bounds_must_be_two_increasing_numbers(tmp_path, capsys, bounds):
   argv = ['--data', str(STUDY_FILE), '--alpha-bounds', bounds, '--out', str(tmp_path / 'out')]
-  assert command_line.run(fit_command.main, argv) == 2
+  assert parsing.run(fit_command.main, argv) == 2
   err = capsys.readouterr().err
   assert err == f'error: --alpha-bounds={bounds} is invalid: give two numbers, lower < upper, e.g. 0.2,0.3\n'
   assert not (tmp_path / 'out').exists()

@@ -4,7 +4,7 @@ Values, final states and the gradients of every input (loss = sum(o * do) + sum(
 against the float64 token-by-token reference on the same rounded inputs; thresholds as docs/KERNELS.md,
 "Tolerances" (fp32 1e-5; bf16 5e-3 outputs/states, 1e-2 dq/dk/dv and d initial_state, 2e-2 gate and beta).
 Interpret-mode programs are compile-bound, so cases that differ only in data (gate exactly 0, zeroed at random, strong decay) share one compiled program, and shapes
-are tiny. Larger head dims and long sequences are marked slow (`pytest -m slow tests/test_scan_pallas.py`).
+are tiny. Larger head dims and long sequences are in the end-to-end tier (`pytest -m e2e tests/test_scan_pallas.py`).
 """
 
 import functools
@@ -126,7 +126,7 @@ def test_bf16(kernel, impl):
 GPU_BACKENDS = {'linear': linear_pallas_gpu.linear_scan, 'delta': delta_pallas_gpu.gated_delta_rule}
 
 
-@pytest.mark.parametrize('kernel', ['linear', pytest.param('delta', marks=pytest.mark.slow)])
+@pytest.mark.parametrize('kernel', ['linear', pytest.param('delta', marks=pytest.mark.e2e)])
 def test_several_value_blocks(kernel):
   """block_v < V: two 8-column value blocks of V = 16, each program carrying its own slice of the state, as every
   GPU run with V >= 128 does (block_v defaults to 64 there). Values, final state and every gradient."""
@@ -177,13 +177,13 @@ def test_inverses_agree():
   assert rel(pallas_delta.forward_substitution(lower[:16, :16]), want[:16, :16]) <= 1e-6
 
 
-# Larger shapes (slow in interpret mode).
+# Larger shapes (end-to-end tier: slow in interpret mode).
 SLOW = [(kernel, impl, dtype, shape) for kernel in KERNELS for impl in IMPLS
         for dtype in (jnp.float32, jnp.bfloat16)
         for shape in (dict(b=1, t=500, hk=1, hv=1, dk=64, dv=64), dict(b=2, t=130, hk=2, hv=4, dk=128, dv=128))]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('kernel,impl,dtype,shape', SLOW,
                          ids=[f'{k}-{i}-{jnp.dtype(d).name}-d{s["dk"]}-t{s["t"]}' for k, i, d, s in SLOW])
 def test_large(kernel, impl, dtype, shape):
@@ -191,7 +191,7 @@ def test_large(kernel, impl, dtype, shape):
   check(kernel, impl, args, cots, chunk=64, dtype=dtype)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('kernel,impl', CASES, ids=IDS)
 def test_strong_decay_x3_stays_finite(kernel, impl):
   """g ~ -60 per token: decays underflow to exactly 0, never inf or NaN, in values and gradients."""

@@ -176,7 +176,7 @@ def _v5p():
   return fit.tpu_target('v5p:2x2x1')
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('arch', sorted(_PEAK_RATIO))
 def test_packed_documents_cost_little_more_memory_at_s1(arch, tpu_devices):
   """compile-check's peak per chip of the study's S1 step at 16K tokens on v5p:2x2x1 with data.packing='documents'

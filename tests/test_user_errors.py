@@ -1,5 +1,5 @@
-"""Every bad input is one `error: …` line with exit status 2, through the command line's entry (cli.main, in this
-process: a Python per case would cost seconds each).
+"""Every bad input is one `error: …` line with exit status 2, through the command line's entry
+(hybrid_jax.commands.main, in this process: a Python per case would cost seconds each).
 
 The flag walk reads each command's parser and generates bad values from what each flag's check requires (zero,
 negative, inf, nan, letters, a fraction for an integer, a file for a directory and back, a missing path, an
