@@ -87,7 +87,7 @@ def tiny_run(tmp_path_factory):
 
   Tools that read runs (eval, analysis) test against it; treat it as read-only.
   """
-  from hybrid_jax import training
+  from hybrid_jax import standard_hooks
   workdir = tmp_path_factory.mktemp('tiny_run')
-  training.train(small_config(), workdir)
+  standard_hooks.train(small_config(), workdir)
   return workdir

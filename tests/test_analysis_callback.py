@@ -4,7 +4,7 @@ import pytest
 
 from hybrid_jax.analysis import callbacks
 from hybrid_jax.config import ConfigError, validate
-from hybrid_jax import training
+from hybrid_jax import standard_hooks
 from hybrid_jax.train import metrics, state as state_lib
 from tests.conftest import small_config
 
@@ -24,7 +24,7 @@ def test_training_logs_probe_metrics(tmp_path):
   c = small_config()
   c.train.update(steps=8, checkpoint_every=8, retrieval_probe_every=4, retrieval_probe_samples=2,
                  retrieval_probe_length=256)
-  training.train(c, tmp_path)
+  standard_hooks.train(c, tmp_path)
   probes = [r for r in metrics.read_jsonl(tmp_path / 'metrics.jsonl') if r['kind'] == 'probe']
   assert [r['step'] for r in probes] == [4, 8]
   for r in probes:

@@ -93,11 +93,11 @@ def test_peak_table_and_mfu():
 
 def test_train_loop_logs_model_tflops_and_mfu(tmp_path):
   """CPU has no peak in the table: TFLOP/s is logged, MFU only once train.peak_tflops names a peak."""
-  from hybrid_jax import training
+  from hybrid_jax import standard_hooks
   from tests.conftest import small_config
   c = small_config()
   c.train.update(dict(steps=4, checkpoint_every=4, log_every=2, peak_tflops=0.5))
-  result = training.train(c, tmp_path)
+  result = standard_hooks.train(c, tmp_path)
   records = [r for r in metrics.read_jsonl(tmp_path / 'metrics.jsonl') if r['kind'] == 'train']
   per_step = flops.training_flops_per_token(c.model, c.data.seq_len) * c.train.batch_size * c.data.seq_len
   for r in records:

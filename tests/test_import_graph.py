@@ -81,7 +81,7 @@ def test_no_imports_form_a_circle(level):
 
 
 def test_the_graph_sees_imports_inside_functions():
-  """training.py imports the analysis callbacks inside a function; the graph must hold that edge."""
+  """standard_hooks.py imports the analysis callbacks inside a function; the graph must hold that edge."""
   deferred = [m for m, path in MODULES.items() for node in ast.walk(ast.parse(path.read_text()))
               if isinstance(node, ast.FunctionDef) for inner in ast.walk(node)
               if isinstance(inner, ast.ImportFrom) and (inner.module or '').startswith('hybrid_jax')]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.data import pipeline, sources
-from hybrid_jax import training
+from hybrid_jax import standard_hooks
 from hybrid_jax.train import checkpoint, loop, metrics, report
 from tests.conftest import ROOT, small_config, train_command, wait_for
 
@@ -25,7 +25,7 @@ def _losses(workdir):
 
 def test_train_writes_report_metrics_and_checkpoints(small, tmp_path):
   small.train.eval_every = 6
-  result = training.train(small, tmp_path)
+  result = standard_hooks.train(small, tmp_path)
   assert result['status'] == 'completed' and result['steps'] == 12
   report = json.loads((tmp_path / 'report.json').read_text())
   assert report['eval']['packed_loss'] == pytest.approx(result['eval']['packed_loss'])
@@ -52,10 +52,10 @@ def test_the_logged_train_loss_is_the_mean_over_each_logging_interval(small, tmp
   """log_every=4 logs, at steps 4, 8, 12, the mean of the 4 step losses that the same run logs one by one with
   log_every=1 (a cadence: same batches, same updates), and the last of them as loss_last; TensorBoard, the report's
   curve and final_train_loss read the mean."""
-  training.train(small, tmp_path / 'every_step')
+  standard_hooks.train(small, tmp_path / 'every_step')
   per_step = _losses(tmp_path / 'every_step')
   small.train.log_every = 4
-  result = training.train(small, tmp_path / 'every_4')
+  result = standard_hooks.train(small, tmp_path / 'every_4')
   records = {r['step']: r for r in metrics.read_jsonl(tmp_path / 'every_4' / 'metrics.jsonl') if r['kind'] == 'train'}
   assert sorted(records) == [4, 8, 12]
   for end, r in records.items():
@@ -80,10 +80,10 @@ def test_the_logged_train_loss_is_the_mean_over_each_logging_interval(small, tmp
 
 def test_rerun_after_completion_resumes_and_changes_nothing(small, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  first = training.train(small, 'run')  # A relative workdir, as users type it.
+  first = standard_hooks.train(small, 'run')  # A relative workdir, as users type it.
   checkpoints = _file_bytes(tmp_path / 'run' / 'checkpoints')
   train_records = [r for r in metrics.read_jsonl(tmp_path / 'run' / 'metrics.jsonl') if r['kind'] == 'train']
-  again = training.train(small, 'run')
+  again = standard_hooks.train(small, 'run')
   assert again['resumed_from'] == 12 and again['steps'] == 12 and again['status'] == 'completed'
   assert _file_bytes(tmp_path / 'run' / 'checkpoints') == checkpoints  # No step taken, nothing rewritten.
   assert [r for r in metrics.read_jsonl(tmp_path / 'run' / 'metrics.jsonl') if r['kind'] == 'train'] == train_records
@@ -95,7 +95,7 @@ def _file_bytes(directory):
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(small, tmp_path, caplog):
-  training.train(small, tmp_path)
+  standard_hooks.train(small, tmp_path)
   latest = tmp_path / 'checkpoints' / '12'
   for f in latest.rglob('*'):
     if f.is_file() and f.stat().st_size > 0:
@@ -105,7 +105,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(small, tmp_pat
   (half_written / 'partial').write_bytes(b'x')
   small.train.steps = 14
   with caplog.at_level(logging.WARNING):
-    result = training.train(small, tmp_path)
+    result = standard_hooks.train(small, tmp_path)
   assert result['resumed_from'] == 8
   assert 'checkpoint at step 12' in caplog.text and 'falling back' in caplog.text
   assert result['status'] == 'completed' and result['steps'] == 14
@@ -114,18 +114,18 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(small, tmp_pat
 
 def test_every_checkpoint_corrupt_is_an_error_not_a_silent_restart(small, tmp_path):
   small.train.steps = 4
-  training.train(small, tmp_path)
+  standard_hooks.train(small, tmp_path)
   for f in (tmp_path / 'checkpoints' / '4').rglob('*'):
     if f.is_file():
       f.write_bytes(b'')
   with pytest.raises(checkpoint.CheckpointError, match='no checkpoint .* could be restored'):
-    training.train(small, tmp_path)
+    standard_hooks.train(small, tmp_path)
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(small, tmp_path):
   small.train.update(dict(lr=1e12, warmup_steps=1, grad_clip=0.0, steps=40, checkpoint_every=1, schedule='constant'))
   with pytest.raises(loop.TrainingDiverged, match=r'training loss is (nan|inf) at step (\d+)') as info:
-    training.train(small, tmp_path)
+    standard_hooks.train(small, tmp_path)
   bad_step = int(info.value.args[0].split(' at step ')[1].split()[0])
   saved = checkpoint.Checkpointer(tmp_path / 'checkpoints', keep=3, async_save=False).all_steps()
   assert saved and max(saved) == bad_step - 1
@@ -157,7 +157,7 @@ def test_failed_background_save_is_reported(small, tmp_path, monkeypatch):
 
   monkeypatch.setattr(checkpoint.Checkpointer, '__init__', failing_init)
   with pytest.raises(checkpoint.CheckpointError, match='background checkpoint save .* failed: No space left'):
-    training.train(small, tmp_path)
+    standard_hooks.train(small, tmp_path)
 
 
 def _wait_for_checkpoint(proc, workdir, step, timeout=180):
@@ -261,10 +261,10 @@ def test_held_out_text_without_long_documents(small, tmp_path):
   small.data.update(dict(source='files', paths=str(corpus), eval_fraction=0.5))
   small.train.update(dict(steps=2, warmup_steps=1))
   with pytest.raises(sources.DataError, match=r'only 0 of the \d+ held-out documents of FilesSource\(.*needs 16'):
-    training.train(small, tmp_path / 'refused')
+    standard_hooks.train(small, tmp_path / 'refused')
   assert not list((tmp_path / 'refused').glob('checkpoints/*'))
   small.eval.documents = 0
-  report = training.train(small, tmp_path / 'packed_only')
+  report = standard_hooks.train(small, tmp_path / 'packed_only')
   # Documents (the default packing): the targets counted are those inside their input's document.
   counted = sum(int(((b['segment_ids'] == b['target_segment_ids']) & (b['segment_ids'] > 0)).sum())
                 for b in pipeline.make_eval_batches(small, small.eval.batches))
@@ -283,7 +283,7 @@ def test_bfloat16_on_cpu_warns_and_float32_does_not(caplog):
 def test_profiled_training_steps_write_a_trace_and_a_breakdown(tmp_path):
   c = small_config()
   c.train.update(dict(steps=5, checkpoint_every=5, profile_start=2, profile_steps=2))
-  training.train(c, tmp_path)
+  standard_hooks.train(c, tmp_path)
   result = json.loads((tmp_path / 'profile_breakdown.json').read_text())
   assert result['steps'] == 2 and result['first_step'] == 3
   parts = {r['part'] for r in result['parts']}

@@ -13,7 +13,7 @@ import pytest
 from hybrid_jax.train import runs
 from hybrid_jax.eval import ruler
 from hybrid_jax.eval.scoring import ModelScorer
-from hybrid_jax import training
+from hybrid_jax import standard_hooks
 from tests.conftest import small_config
 
 WORDS = 'the grass is green sky blue sun yellow here we go there and back again'.split()
@@ -37,7 +37,7 @@ def test_trained_tiny_model_beats_chance_on_short_needles(tmp_path):
   c.eval.documents = 0  # Every document is shorter than the context: no loss by position inside documents.
   c.train.update(dict(steps=1000, batch_size=32, warmup_steps=20, log_every=100, checkpoint_every=1000,
                       eval_every=0, lr=3e-3))
-  training.train(c, tmp_path / 'run')
+  standard_hooks.train(c, tmp_path / 'run')
   scorer = ModelScorer.from_run(runs.load_run(tmp_path / 'run'))
   held_out = [needle_document(random.Random(10_000 + i)) for i in range(100)]
   outputs = scorer.generate([p for p, _ in held_out], 6)

@@ -291,14 +291,14 @@ def test_every_arch_under_every_mesh_matches_one_device(arch):
 # ----------------------------------------------------------------------------- checkpoints across topologies
 _TRAIN = '''
 import json, sys
-from hybrid_jax import training
+from hybrid_jax import standard_hooks
 from hybrid_jax.train import metrics
 from tests.conftest import small_config
 workdir, settings = sys.argv[1], json.loads(sys.argv[2])
 c = small_config(settings['arch'], dtype='float32')
 c.train.update(dict(checkpoint_every=3, async_checkpointing=False, **settings['train']))
 c.parallel.update(settings['parallel'])
-result = training.train(c, workdir)
+result = standard_hooks.train(c, workdir)
 losses = {r['step']: r['loss'] for r in metrics.read_jsonl(workdir + '/metrics.jsonl') if r['kind'] == 'train'}
 print(json.dumps({'resumed_from': result['resumed_from'], 'mesh': result['mesh'], 'losses': losses}))
 '''

@@ -6,7 +6,7 @@ import errno
 import pytest
 from tensorboardX import record_writer
 
-from hybrid_jax import training
+from hybrid_jax import standard_hooks
 from hybrid_jax.train import metrics
 from tests.conftest import small_config
 
@@ -50,16 +50,16 @@ def _fail_at(monkeypatch, writer_kind: str, step: int):
 def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes_bit_for_bit(tmp_path, monkeypatch,
                                                                                    writer_kind, path):
   config = small_config()
-  reference = training.train(config, tmp_path / 'reference')
+  reference = standard_hooks.train(config, tmp_path / 'reference')
   run = tmp_path / 'run'
   with monkeypatch.context() as patch:
     _fail_at(patch, writer_kind, 6)
     with pytest.raises(metrics.StorageError) as error:
-      training.train(config, run)
+      standard_hooks.train(config, run)
   message = str(error.value)
   assert '\n' not in message and 'No space left on device' in message and str(run / path) in message
   assert 'at step 6' in message and 'the newest checkpoint (step 4) is kept' in message
-  resumed = training.train(config, run)
+  resumed = standard_hooks.train(config, run)
   assert resumed['status'] == 'completed'
   assert _losses(run) == _losses(tmp_path / 'reference')
   assert resumed['eval']['packed_loss'] == reference['eval']['packed_loss']

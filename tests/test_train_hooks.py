@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hybrid_jax import training
+from hybrid_jax import standard_hooks
 from hybrid_jax.analysis import callbacks
 from hybrid_jax.config import ConfigError, validate
 from hybrid_jax.train import checkpoint, early_stop, hooks, loop, metrics
@@ -127,7 +127,7 @@ def test_stop_when_formed_stops_at_the_second_probe_in_a_row_at_the_threshold(tm
   (one probe: not yet), 0.5 (the streak breaks), 0.95 (at the threshold), 0.97: formed at step 12."""
   monkeypatch.setattr(callbacks, 'make_retrieval_probe',
                       lambda *a, **k: FakeProbe([0.2, 0.96, 0.5, 0.95, 0.97, 0.99, 0.99]))
-  result = training.train(_probe_config(20), tmp_path)
+  result = standard_hooks.train(_probe_config(20), tmp_path)
   assert result['status'] == 'completed' and result['steps'] == 12
   assert result['stopped_early']['step'] == 12 and 'steps 8, 12' in result['stopped_early']['reason']
   assert _probe_steps(tmp_path) == [2, 4, 6, 8, 12]
@@ -139,16 +139,16 @@ def test_a_resumed_run_keeps_its_streak_and_one_formed_before_stops_untrained(tm
   """The run trained to step 8 (cap 8) with one probe of the streak behind it stops at step 12 when resumed under
   a raised cap, as the uninterrupted run does; trained first without the rule and formed by step 8, it stops at 8."""
   monkeypatch.setattr(callbacks, 'make_retrieval_probe', lambda *a, **k: FakeProbe([0.2, 0.96, 0.5, 0.95]))
-  first = training.train(_probe_config(8), tmp_path / 'streak')
+  first = standard_hooks.train(_probe_config(8), tmp_path / 'streak')
   assert first['steps'] == 8 and first['stopped_early'] is None
   monkeypatch.setattr(callbacks, 'make_retrieval_probe', lambda *a, **k: FakeProbe([0.97, 0.99]))
-  resumed = training.train(_probe_config(20), tmp_path / 'streak')
+  resumed = standard_hooks.train(_probe_config(20), tmp_path / 'streak')
   assert resumed['resumed_from'] == 8 and resumed['stopped_early']['step'] == 12
 
   monkeypatch.setattr(callbacks, 'make_retrieval_probe', lambda *a, **k: FakeProbe([0.2, 0.5, 0.96, 0.97]))
-  training.train(_probe_config(8, stop_when_formed=''), tmp_path / 'formed')
+  standard_hooks.train(_probe_config(8, stop_when_formed=''), tmp_path / 'formed')
   monkeypatch.setattr(callbacks, 'make_retrieval_probe', lambda *a, **k: FakeProbe([]))
-  result = training.train(_probe_config(20), tmp_path / 'formed')
+  result = standard_hooks.train(_probe_config(20), tmp_path / 'formed')
   assert result['resumed_from'] == 8 and result['steps'] == 8 and result['stopped_early']['step'] == 8
   assert [r['step'] for r in _train_records(tmp_path / 'formed')][-1] == 8
   assert json.loads((tmp_path / 'formed' / early_stop.FILE).read_text())['step'] == 8
@@ -178,7 +178,7 @@ def test_a_metric_the_probe_does_not_log_is_named_at_the_first_probe(tmp_path, m
   c = _probe_config(8, stop_when_formed='recall_accuracy_32_65')
   with pytest.raises(ConfigError, match=r"stop_when_formed='recall_accuracy_32_65'.*recall_accuracy, "
                                         r'recall_accuracy_32_64'):
-    training.train(c, tmp_path)
+    standard_hooks.train(c, tmp_path)
   assert _probe_steps(tmp_path) == [2]
 
 

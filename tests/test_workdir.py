@@ -15,7 +15,7 @@ import pytest
 
 from hybrid_jax.train import runs
 from hybrid_jax.study import collect
-from hybrid_jax import training
+from hybrid_jax import standard_hooks
 from hybrid_jax.train import config_history, optim, session as session_lib, workdir_lock
 from tests.conftest import ROOT, small_config, train_command, wait_for
 
@@ -105,7 +105,7 @@ def test_a_trainer_whose_lease_was_taken_over_stops_before_its_next_checkpoint(s
 
   monkeypatch.setattr(session_lib.Session, 'start', start_then_lose_the_lease)
   with pytest.raises(workdir_lock.WorkdirLost, match='taken over by process 4242 on host other-host'):
-    training.train(small, tmp_path)
+    standard_hooks.train(small, tmp_path)
   assert runs.checkpoint_steps(tmp_path) == []
   assert workdir_lock.read_lease(tmp_path)['token'] == 'taker'
 
@@ -163,7 +163,7 @@ def test_a_config_json_this_project_did_not_write_is_refused_not_overwritten(sma
   path.write_bytes(content if isinstance(content, bytes) else content.encode())
   before = path.read_bytes()
   with pytest.raises(runs.RunError) as error:
-    training.train(small, tmp_path)
+    standard_hooks.train(small, tmp_path)
   assert why in str(error.value) and str(path) in str(error.value) and '\n' not in str(error.value)
   assert path.read_bytes() == before and not (tmp_path / 'checkpoints').exists()
 
@@ -177,7 +177,7 @@ def test_a_fresh_run_refuses_a_directory_holding_files_it_did_not_write(small, t
     path.mkdir() if name.endswith('/') else path.write_text('mine')
   before = sorted(p.name for p in tmp_path.iterdir())
   with pytest.raises(runs.RunError) as error:
-    training.train(small, tmp_path)
+    standard_hooks.train(small, tmp_path)
   message = str(error.value)
   assert 'not a run of this project' in message and repr(sorted(before)[0]) in message and '\n' not in message
   assert sorted(p.name for p in tmp_path.iterdir() if p.name != 'lock.json') == before
@@ -190,5 +190,5 @@ def test_what_comes_before_a_run_does_not_stop_it(small, tmp_path):
   record.update(tmp_path, state='running')
   (tmp_path / record.LOG).write_text('attempt 1\n')
   small.train.steps = 4
-  training.train(small, tmp_path)
+  standard_hooks.train(small, tmp_path)
   assert runs.checkpoint_steps(tmp_path) == [4]

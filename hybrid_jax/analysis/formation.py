@@ -5,7 +5,7 @@ steps that leaves slow formers half way. Formation counts when the probe's recal
 the large window, `probe_recall_accuracy_<lo>_<hi>`) is at least THRESHOLD at CONSECUTIVE probes in a row: one good
 probe can be luck on few documents, two in a row rarely are. A probe with no value (None or NaN) breaks a streak.
 
-One rule, read two ways. A training hook (hybrid_jax/training.py) calls `should_stop(history)` after each probe with
+One rule, read two ways. A training hook (hybrid_jax/standard_hooks.py) calls `should_stop(history)` after each probe with
 the (step, value) pairs probed so far and stops training when it is True; a run that never stops is capped at its
 step budget. After training, `formed_at` and `formation_step` read the same rule off a run's probe curve (both call
 `should_stop`, so the two cannot disagree).

@@ -16,12 +16,12 @@ def _workdir(args, config) -> pathlib.Path:
 
 
 def run(args, config):
-  from hybrid_jax import training
+  from hybrid_jax import standard_hooks
   from hybrid_jax.parallel import distributed
   from hybrid_jax.train import loop
   workdir = _workdir(args, config)
   try:  # A refusal (another trainer holds the workdir, or the config would change the run) is a user error.
-    result = training.train(config, workdir)
+    result = standard_hooks.train(config, workdir)
   except distributed.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.stdout.flush()

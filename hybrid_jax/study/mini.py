@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from hybrid_jax import cores, training
+from hybrid_jax import cores, standard_hooks
 
 from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.config import CONFIG_DIR, ConfigError
@@ -87,7 +87,7 @@ def run_one(label: str, preset: Preset, seed: int, out_dir: pathlib.Path, progre
     if progress:
       until = f'until formed, at most {preset.steps}' if preset.stop_when_formed else f'{preset.steps}'
       print(f'[{label} seed {seed}] training {until} steps in {workdir}', flush=True)
-    train_report = training.train(config, workdir)
+    train_report = standard_hooks.train(config, workdir)
   run = runs_lib.load_run(workdir)
   result = {
       'label': label, 'arch': config.model.arch, 'seed': seed,

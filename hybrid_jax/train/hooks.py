@@ -1,5 +1,5 @@
 """Work the training loop runs on a schedule without knowing what it is: held-out evaluation, the retrieval-head
-probe, the profiler. The caller builds the hooks (hybrid_jax.training wires the standard ones), so the loop and the
+probe, the profiler. The caller builds the hooks (hybrid_jax.standard_hooks wires the standard ones), so the loop and the
 rest of train/ import nothing from eval/, analysis/ or bench/: the layers flow one way.
 
 A hook's cadence is declared where it is wired, not inside it, so adding an evaluation is one line there:

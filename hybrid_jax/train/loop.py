@@ -127,7 +127,7 @@ def train(config, workdir, hooks: hooks_lib.HookFactory | None = None) -> dict:
   """Trains (or resumes) the run in `workdir`; returns the report dict (also written to report.json).
 
   `hooks(context)` builds the scheduled work (held-out evaluation, probes, profiling; hybrid_jax.train.hooks),
-  before the first step; hybrid_jax.training.train passes the standard ones. None runs the bare loop.
+  before the first step; hybrid_jax.standard_hooks.train passes the standard ones. None runs the bare loop.
 
   The run holds `workdir` throughout; another trainer on it, or a resume that changes a key defining the run,
   stops before anything is restored (session.REFUSALS).

@@ -1,6 +1,6 @@
 """A training run as the commands start it: the loop (hybrid_jax.train.loop) with the standard hooks wired in.
 
-The hooks live above train/ (eval/, analysis/, bench/); each cadence is declared in `standard_hooks`, the one place
+The hooks live above train/ (eval/, analysis/, bench/); each cadence is declared in `wire`, the one place
 that says what runs during training: held-out evaluation every train.eval_every steps and at the end, the
 retrieval-head probe every train.retrieval_probe_every steps (every train.retrieval_probe_dense_every up to
 train.retrieval_probe_dense_until), which with train.stop_when_formed also ends the run once retrieval has formed,
@@ -95,7 +95,7 @@ class RetrievalProbeHook(hooks.Hook):
                       f'(steps {steps})')
 
 
-def standard_hooks(context: hooks.LoopContext) -> list:
+def wire(context: hooks.LoopContext) -> list:
   """Held-out evaluation, the retrieval probe (when configured) and the profiler, in the order they run, each with
   its cadence: one line here adds an evaluation during training."""
   t = context.config.train
@@ -113,4 +113,4 @@ def standard_hooks(context: hooks.LoopContext) -> list:
 
 def train(config, workdir) -> dict:
   """Trains (or resumes) the run in `workdir` with the standard hooks; returns the report (loop.train)."""
-  return loop.train(config, workdir, hooks=standard_hooks)
+  return loop.train(config, workdir, hooks=wire)
