@@ -30,6 +30,7 @@ def tiny(batch=8, seq_len=128):
 CPU = compile_check.Target('cpu x 1', tuple(jax.devices('cpu')[:1]))
 
 
+@pytest.mark.e2e
 def test_a_step_over_the_limit_is_fixed_by_a_change_that_is_compiled_and_fits():
   """On CPU (no chip table, so no estimates) the recommendation is the first candidate, in the order of least
   change, that was compiled and fits; every candidate before it was compiled and did not fit, or saves less memory
@@ -242,6 +243,7 @@ def test_a_sequence_split_rules_out_what_it_saves_at_least():
   assert not compile_check._dominates({**cheap, **split}, {**cheap, 'train.grad_accum': 2})
 
 
+@pytest.mark.e2e
 def test_fewer_rows_than_chips_is_fixed_by_splitting_each_row(tmp_path):
   """Two rows on four fake CPU devices: the batch does not split over the four data-parallel chips, so the step has
   no layout (a row that does not fit, not a crash), and the fix is each row over two chips (the data ways the

@@ -214,6 +214,7 @@ def test_pretokenized_resume_in_the_middle_of_a_shard(tmp_path):
   assert_resumes_exactly(pre, 7, 4)  # 7 x 4 x 65 tokens: past the first shards, inside one.
 
 
+@pytest.mark.e2e
 def test_two_host_processes_read_disjoint_halves_covering_the_corpus(tmp_path):
   import multiprocessing  # pylint: disable=g-import-not-at-top
   config = _parquet_config(tmp_path)

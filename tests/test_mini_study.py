@@ -61,6 +61,7 @@ def _check_report(out, preset, seeds=1):
   return report
 
 
+@pytest.mark.e2e
 def test_smoke_study_runs_end_to_end(tmp_path, capsys, monkeypatch):
   out = tmp_path / 'study'
   assert study_command.main(['--preset', 'smoke', '--out', str(out)]) == 0
@@ -108,6 +109,7 @@ def _numbers(out) -> dict:
   return {**{k: v for k, v in report.items() if k != 'wall_time_s'}, 'runs': runs}
 
 
+@pytest.mark.e2e
 def test_parallel_study_trains_through_the_sweep_runner_to_the_same_numbers(tmp_path, capsys):
   """--parallel 2 trains the runs in two `train` processes of the sweep runner (the sweep `mini`) and scores them
   here: the report equals --parallel 1's, and the sweep reads the study's run directories as its own."""
@@ -212,13 +214,6 @@ def test_windows_and_distances_follow_the_preset():
     assert lows[1] > p.small_window and lows[2] > p.large_window
     long = presets.extrapolation_data(presets.run_config('Full', p).data, p)  # valid, and beyond the training context
     assert long.seq_len == 2 * p.seq_len and long.recall.distance_ranges[-1][0] > p.seq_len
-
-
-@pytest.mark.e2e
-def test_mini_preset(tmp_path):
-  """The real preset, one seed (12-25 minutes on 2 cores, BENCHMARKS.md, "The mini-study")."""
-  assert study_command.main(['--preset', 'mini', '--out', str(tmp_path)]) == 0
-  _check_report(tmp_path, 'mini', seeds=presets.PRESETS['mini'].seeds)
 
 
 def test_recurrent_mixers_match_the_attention_layer_within_5_percent():

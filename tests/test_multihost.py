@@ -42,6 +42,7 @@ def _log(log_dir, pid):
 
 
 # ------------------------------------------------------------------------------------------------ fast units
+@pytest.mark.e2e
 def test_settings_come_from_the_environment(monkeypatch):
   cfg = small_config().parallel.distributed
   for var in ('SLURM_NTASKS', 'TPU_WORKER_HOSTNAMES', distributed.ENV_COORDINATOR):
@@ -84,6 +85,7 @@ import os; os._exit(0)
 '''
 
 
+@pytest.mark.e2e
 def test_processes_with_different_configs_fail_at_start_up(tmp_path):
   port = local_multiprocess.free_port()
   procs = []
@@ -129,6 +131,7 @@ def test_preemption_checkpoints_off_is_said_at_start_and_service_errors_surface(
 
 
 # ------------------------------------------------------------------------------------------- launchers (dry)
+@pytest.mark.e2e
 def test_local_launcher_dry_run(capsys):
   assert local_multiprocess.main(['--num_processes=2', '--dry-run', '--', 'train', '--config.train.steps=3']) == 0
   lines = capsys.readouterr().out.splitlines()

@@ -222,6 +222,7 @@ def test_sharded_loss_matches_one_device_fast():
   _check_matrix({'swa128': [[2, 2, 2]]}, layers=2, scan=False, steps=2, loss_chunk=16)
 
 
+@pytest.mark.e2e
 def test_sharded_optimizer_state_gives_the_replicated_update():
   """parallel.shard_optimizer on 8 data-parallel chips: the Adam moments are split over 'data', and two steps
   give the parameters and moments of the replicated optimizer state."""
@@ -257,6 +258,7 @@ def test_sharded_optimizer_state_gives_the_replicated_update():
   assert lines[2] == 'same'
 
 
+@pytest.mark.e2e
 def test_activations_are_constrained_in_sharded_steps_only():
   """The residual stream and logits carry sharding constraints when the step is sharded, none otherwise."""
   code = '''
@@ -327,6 +329,7 @@ def _restored_onto(tmp_path, reference, n_devices, shape):
     assert abs(got['losses'][step] - reference['losses'][step]) < 1e-5, (step, got, reference)
 
 
+@pytest.mark.e2e
 def test_checkpoint_from_8_devices_restores_on_1(tmp_path):
   reference = _train(8, tmp_path / 'ref', [2, 2, 2], 6)
   assert reference['resumed_from'] == 0

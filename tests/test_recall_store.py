@@ -100,6 +100,7 @@ def test_building_again_adds_only_missing_documents(tmp_path, monkeypatch):
   assert store.get(1) == 'Z' * 256 and store.get(40) == _generated(config)[40]
 
 
+@pytest.mark.e2e
 def test_a_store_built_by_worker_processes_equals_one_built_here(tmp_path, monkeypatch):
   monkeypatch.setattr(recall_store, 'PER_WORKER', 10)
   config = _config()

@@ -46,6 +46,7 @@ def _fail_at(monkeypatch, writer_kind: str, step: int):
   monkeypatch.setattr(metrics.MetricsWriter, 'write', write)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('writer_kind, path', [('tensorboard', 'tensorboard'), ('jsonl', 'metrics.jsonl')])
 def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes_bit_for_bit(tmp_path, monkeypatch,
                                                                                    writer_kind, path):

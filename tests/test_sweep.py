@@ -53,6 +53,7 @@ def _logged_a_step(workdir) -> bool:
     return False
 
 
+@pytest.mark.e2e
 def test_a_killed_local_sweep_resumes_on_rerun(tmp_path):
   """Runs 0 and 1 train alike (keep_checkpoints does not change a loss): run 1, killed with the runner, must end
   as run 0 did."""
@@ -115,6 +116,7 @@ TPU_FLAGS = ['--backend=tpu', '--zone=us-east5-a', '--repo=https://example.com/h
              '--poll-s=0.05']
 
 
+@pytest.mark.e2e
 def test_the_tpu_backend_requeues_a_preempted_slice_and_reports_a_user_error_once(tmp_path):
   sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed=0', f'{BASE} --config.seed=1 --config.train.init_from=/nowhere'])
   env = _fake_gcloud(tmp_path, {'create': ['fail'], 'run': ['preempt']})
@@ -193,6 +195,7 @@ def _cpu_list(text: str) -> set[int]:
   return out
 
 
+@pytest.mark.e2e
 def test_on_cpu_the_slots_split_the_cores_and_each_child_is_bound_to_its_share(tmp_path, monkeypatch):
   assert local.slot_cores({0, 1, 2, 3}, [], 2) == [frozenset({0, 1}), frozenset({2, 3})]
   assert local.slot_cores({4, 5, 6}, [], 2) == [frozenset({4}), frozenset({5, 6})]
@@ -340,6 +343,7 @@ def _wandb_records(path):
   return records
 
 
+@pytest.mark.e2e
 def test_the_wandb_sink_logs_each_metrics_record_once_in_offline_mode(tmp_path):
   """Real wandb, offline: a sweep's run, then its resumption to more steps, log into one W&B run named and tagged
   by the sweep; the history read back from the .wandb files is the run's metrics.jsonl, each step once."""

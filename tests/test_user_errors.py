@@ -163,8 +163,11 @@ def test_eval_and_analyze_name_the_damaged_step_and_the_readable_ones(damaged_ru
 
 
 def test_train_resumes_past_a_damaged_checkpoint_with_one_record_per_step(damaged_run, capsys, caplog):
-  """The resume sets step 12 aside with a warning naming the file, trains 9-12 again, and metrics.jsonl keeps one
-  record per step (the steps trained twice: the later run's)."""
+  """The resume sets step 12 aside with a warning naming the file, ignores a half-written checkpoint folder, trains
+  9-12 again, and metrics.jsonl keeps one record per step (the steps trained twice: the later run's)."""
+  half_written = damaged_run / 'checkpoints' / '16.orbax-checkpoint-tmp-1700000000'
+  half_written.mkdir()
+  (half_written / 'partial').write_bytes(b'x')
   argv = train_command(damaged_run, '--config.train.steps=12', '--config.train.checkpoint_every=4')[3:]
   with caplog.at_level('WARNING'):
     status, err = run_main(argv, capsys)

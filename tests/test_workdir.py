@@ -30,6 +30,7 @@ def _errors(stderr):
   return [line for line in stderr.splitlines() if line.startswith('error:')]
 
 
+@pytest.mark.e2e
 def test_a_second_trainer_is_refused_while_the_first_runs(tmp_path):
   """(A dead holder's takeover through the entry point: test_loop's kill -9 test and the two-process test here.)"""
   workdir = tmp_path / 'run'
@@ -94,6 +95,7 @@ def test_a_model_change_is_refused_and_a_learning_rate_change_is_recorded_with_i
   assert collect.collect_run(workdir)['config_changed'] == 'train.lr@13,train.steps@13'
 
 
+@pytest.mark.e2e
 def test_a_trainer_whose_lease_was_taken_over_stops_before_its_next_checkpoint(small, tmp_path, monkeypatch):
   original_start = session_lib.Session.start
 
@@ -110,6 +112,7 @@ def test_a_trainer_whose_lease_was_taken_over_stops_before_its_next_checkpoint(s
   assert workdir_lock.read_lease(tmp_path)['token'] == 'taker'
 
 
+@pytest.mark.e2e
 def test_two_processes_take_over_once_and_stop_together(tmp_path):
   """Process 0 alone holds the workdir and judges the config; both processes stop with its message."""
   sys.path.insert(0, str(ROOT / 'launch'))
