@@ -11,8 +11,8 @@ import pytest
 
 from hybrid_jax.kernels import gpu_smem
 from hybrid_jax.kernels.attention import config
-from hybrid_jax.kernels.linear_scan import api as scan_api
-from hybrid_jax.kernels.linear_scan import pallas_common as pc
+from hybrid_jax.kernels import pallas_scan_common as pc
+from hybrid_jax.kernels import scan_checks as scan_api
 
 BUDGETS = (gpu_smem.H100_BUDGET, gpu_smem.A100_BUDGET)
 HEAD_DIMS = (32, 64, 128, 256)
@@ -99,7 +99,7 @@ def test_the_failing_h200_cases_now_fit():
     assert got == 32
   q = jnp.zeros((1, 64, 1, 128), jnp.float32)
   cfg = pc.make_cfg('gpu', q, q, kernel='gated_delta_rule', scale=1.0, chunk_size=64, block_v=None,
-                    interpret=True, min_chunk=16, budget=gpu_smem.H100_BUDGET)
+                    interpret=True, budget=gpu_smem.H100_BUDGET)
   assert cfg.chunk == 32
 
 
@@ -108,7 +108,7 @@ def test_scan_refuses_what_cannot_fit_and_the_dispatcher_knows():
   message = r"no chunk <= 64 whose linear_scan kernels fit .*\(use implementation='xla'\)"
   with pytest.raises(ValueError, match=message):
     pc.make_cfg('gpu', q, q, kernel='linear_scan', scale=1.0, chunk_size=64, block_v=None, interpret=True,
-                min_chunk=16, budget=gpu_smem.H100_BUDGET)
+                budget=gpu_smem.H100_BUDGET)
   assert not scan_api.supports('pallas_gpu', jnp.float32, 64, (256, 256))
   assert scan_api.supports('pallas_gpu', jnp.float32, 64, (128, 128), 'gated_delta_rule')
 

@@ -18,10 +18,10 @@ import pytest
 from hybrid_jax.kernels import gated_delta_rule
 from hybrid_jax.kernels import linear_scan
 from hybrid_jax.kernels.delta_rule import api as delta_api
+from hybrid_jax.kernels import scan_checks
 from hybrid_jax.kernels.delta_rule import pallas_delta
-from hybrid_jax.kernels.delta_rule import pallas_gpu as delta_pallas_gpu
 from hybrid_jax.kernels.linear_scan import api as linear_api
-from hybrid_jax.kernels.linear_scan import pallas_gpu as linear_pallas_gpu
+from hybrid_jax.kernels.linear_scan import pallas_scan
 from tests.test_scan_kernels import make
 from tests.test_scan_kernels import oracle_of
 from tests.test_scan_kernels import rel
@@ -123,7 +123,8 @@ def test_bf16(kernel, impl):
   check(kernel, impl, args, cots, chunk=16, dtype=jnp.bfloat16)
 
 
-GPU_BACKENDS = {'linear': linear_pallas_gpu.linear_scan, 'delta': delta_pallas_gpu.gated_delta_rule}
+GPU_BACKENDS = {'linear': functools.partial(pallas_scan.linear_scan, 'gpu'),
+                'delta': functools.partial(pallas_delta.gated_delta_rule, 'gpu')}
 
 
 @pytest.mark.parametrize('kernel', ['linear', pytest.param('delta', marks=pytest.mark.e2e)])
@@ -223,10 +224,11 @@ def test_dispatch(kernel, monkeypatch):
   with pytest.raises(RuntimeError, match='needs a GPU target'):
     KERNELS[kernel](*args[:-1], implementation='pallas_gpu')
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  assert module.resolve(None, table, name) is table[linear_api.GPU_MEASURED_CHOICE[name]]
-  assert linear_api.supports('pallas_gpu', jnp.bfloat16, 64, (128, 128))
-  assert not linear_api.supports('pallas_gpu', jnp.bfloat16, 64, (96, 128))  # Triton tiles: powers of two.
-  assert not linear_api.supports('pallas_tpu', jnp.float64, 64)
+  assert module.resolve(None, table, name) is table[scan_checks.GPU_MEASURED_CHOICE[name]]
+  assert scan_checks.supports('pallas_gpu', jnp.bfloat16, 64, (128, 128))
+  assert not scan_checks.supports('pallas_gpu', jnp.bfloat16, 64, (96, 128))  # Triton tiles: powers of two.
+  assert not scan_checks.supports('pallas_tpu', jnp.float64, 64)
+  assert scan_checks.supports('pallas_tpu', jnp.float32, 8) and not scan_checks.supports('pallas_tpu', jnp.float32, 12)
   with pytest.raises(RuntimeError, match='needs a TPU target'):
     KERNELS[kernel](*args[:-1], implementation='pallas_tpu')
 

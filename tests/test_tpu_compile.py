@@ -247,7 +247,7 @@ def test_attention_sinks_compile_for_tpu(tpu_devices):
 @pytest.mark.parametrize('where,attention,scan', [('tpu', 'pallas_tpu', 'pallas_tpu'), ('cpu', 'xla', 'xla')])
 def test_the_automatic_choice_follows_the_target(where, attention, scan):
   from hybrid_jax.kernels.attention import api as attention_api
-  from hybrid_jax.kernels.linear_scan import api as scan_api
+  from hybrid_jax.kernels import scan_checks as scan_api
   q = jnp.zeros((1, 256, 2, 64), jnp.bfloat16)
   with platform.targeting(where):
     assert attention_api._auto(q, 64, 0, None) == attention  # pylint: disable=protected-access

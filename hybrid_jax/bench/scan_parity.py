@@ -12,7 +12,7 @@ from hybrid_jax.bench import timing
 from hybrid_jax.kernels import gated_delta_rule
 from hybrid_jax.kernels import gpu_smem
 from hybrid_jax.kernels import linear_scan
-from hybrid_jax.kernels.linear_scan import pallas_common as pc
+from hybrid_jax.kernels import pallas_scan_common as pc
 
 KERNELS = {'linear_scan': linear_scan, 'gated_delta_rule': gated_delta_rule}
 

@@ -9,7 +9,7 @@ from hybrid_jax import bench, checks
 from hybrid_jax.bench import attention, data, decode, scan, step
 from hybrid_jax.commands import parsing
 from hybrid_jax.kernels.attention import IMPLEMENTATIONS
-from hybrid_jax.kernels.linear_scan.api import IMPLEMENTATION_NAMES
+from hybrid_jax.kernels.scan_checks import IMPLEMENTATION_NAMES
 
 _JSON_HELP = 'write all rows and the run metadata to this JSON file (rewritten after every row)'
 

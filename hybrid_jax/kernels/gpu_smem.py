@@ -60,7 +60,7 @@ def attention(d, itemsize, blocks) -> dict:
   }
 
 
-# Scans (hybrid_jax/kernels/linear_scan/pallas_*.py, hybrid_jax/kernels/delta_rule/pallas_delta.py):
+# Scans (hybrid_jax/kernels/linear_scan/pallas_scan.py, hybrid_jax/kernels/delta_rule/pallas_delta.py):
 # c chunk, dk key dim, dv value dim, bv value block of the sequential passes, `it` input bytes, F = 4 (fp32).
 
 F = 4

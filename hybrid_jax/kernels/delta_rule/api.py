@@ -1,29 +1,31 @@
 """`gated_delta_rule(...)` and its decode step: argument checks and the choice of implementation.
 
-Head layout, state dtype and the concreteness rule for value checks follow the linear scan (see
-`hybrid_jax.kernels.linear_scan.api`). k is expected L2-normalised and beta in [0, 2] (the layer ensures both;
+Head layout, state dtype and the concreteness rule for value checks are the linear scan's, in the checks both
+scans import (`hybrid_jax.kernels.scan_checks`); both Pallas implementations run `pallas_delta` with their
+backend's name. k is expected L2-normalised and beta in [0, 2] (the layer ensures both;
 beta > 1 gives I - beta k k^T a negative eigenvalue, OLMo Hybrid's allow_neg_eigval): then (I + L)^-1 stays
 bounded; with raw keys it blows up. The endpoints are accepted because a float32 sigmoid saturates to exactly 1.
 """
 
+import functools
+
 from hybrid_jax.kernels import platform
-from hybrid_jax.kernels.delta_rule import pallas_gpu
-from hybrid_jax.kernels.delta_rule import pallas_tpu
+from hybrid_jax.kernels.delta_rule import pallas_delta
 from hybrid_jax.kernels.delta_rule import reference
 from hybrid_jax.kernels.delta_rule import xla
-from hybrid_jax.kernels.linear_scan.api import check_common
-from hybrid_jax.kernels.linear_scan.api import check_gate
-from hybrid_jax.kernels.linear_scan.api import document_gates
-from hybrid_jax.kernels.linear_scan.api import check_step
-from hybrid_jax.kernels.linear_scan.api import resolve
-from hybrid_jax.kernels.linear_scan.api import run_step
+from hybrid_jax.kernels.scan_checks import check_common
+from hybrid_jax.kernels.scan_checks import check_gate
+from hybrid_jax.kernels.scan_checks import check_step
+from hybrid_jax.kernels.scan_checks import document_gates
+from hybrid_jax.kernels.scan_checks import resolve
+from hybrid_jax.kernels.scan_checks import run_step
 
 _IMPLEMENTATIONS = {
     'reference': lambda q, k, v, g, beta, *, scale, initial_state, chunk_size: reference.gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state),
     'xla': xla.gated_delta_rule,
-    'pallas_gpu': platform.pallas_runner('pallas_gpu', pallas_gpu.gated_delta_rule, 'gpu'),
-    'pallas_tpu': platform.pallas_runner('pallas_tpu', pallas_tpu.gated_delta_rule, 'tpu'),
+    'pallas_gpu': platform.pallas_runner('pallas_gpu', functools.partial(pallas_delta.gated_delta_rule, 'gpu'), 'gpu'),
+    'pallas_tpu': platform.pallas_runner('pallas_tpu', functools.partial(pallas_delta.gated_delta_rule, 'tpu'), 'tpu'),
 }
 IMPLEMENTATIONS = tuple(_IMPLEMENTATIONS)
 

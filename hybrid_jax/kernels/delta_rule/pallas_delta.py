@@ -1,11 +1,12 @@
-"""The gated delta rule as Pallas kernels (shared by `pallas_gpu` and `pallas_tpu`), with a custom VJP.
+"""The gated delta rule as Pallas kernels for both backends (`pallas_scan_common` holds what differs), with a
+custom VJP.
 
 Forward (docs/KERNELS.md, "Gated DeltaNet (the gated delta rule)"), per chunk with beta = diag(beta_i):
 1. intra kernel (chunk-parallel): L = strictly_lower((beta K K^T) o Gamma), T = (I + L)^-1 (GPU: 16x16 forward
    substitution + block merge; TPU: the matmul-only product (I + N)(I + N^2)(I + N^4)... with N = -L),
    W = T (beta K o exp(G)), U = T (beta V); T is stored for the backward;
 2. sequential pass: V_new = U - W S, S <- exp(gamma) S + (K o exp(gamma - G))^T V_new (stores S_n and V_new);
-3. output kernel (the scalar-decay scan's, with V_new for V).
+3. output kernel (`pallas_scan_common.output_kernel`, the scalar-decay scan's, with V_new for V).
 Backward:
 1. reverse pass: dV_new = scale ((Q K^T) o Gamma)^T dO + (K o exp(gamma - G)) dH,
    dH <- exp(gamma) dH + scale (Q o exp(G))^T dO - W^T dV_new (stores the gradient of every chunk's end state);
@@ -14,7 +15,7 @@ Backward:
 Gate gradient: over the global cumulative gate the state is S_t = exp(G^_t) S~_t where S~ sees q_t exp(G^_t) and
 v_t exp(-G^_t) only, so dL/dG^_t = <q_t, dq_t> - <v_t, dv_t> (+ <dS_T, S_T> at the end), reverse-summed over t.
 As for the scalar-decay scan, the kernel takes that per chunk with the exactly cancelling O(1) terms removed
-(`pallas_common.local_gate_grad`): the products carrying exp(G_i - G_j) (Q K^T in the output, beta K K^T in L),
+(`pallas_scan_common.local_gate_grad`): the products carrying exp(G_i - G_j) (Q K^T in the output, beta K K^T in L),
 W's exp(G_i), the incoming state's exp(G_i) and the outgoing state's exp(gamma - G_j).
 """
 
@@ -24,11 +25,10 @@ import jax
 from jax.experimental import pallas as pl
 import jax.numpy as jnp
 
-from hybrid_jax.kernels.linear_scan import pallas_common as pc
-from hybrid_jax.kernels.linear_scan import pallas_scan
+from hybrid_jax.kernels import pallas_scan_common as pc
 
 F32 = pc.F32
-SUB = 16  # GPU forward-substitution block (Triton dots need 16 rows).
+SUB = pc.MIN_CHUNK['gpu']  # GPU forward-substitution block (Triton dots need 16 rows).
 
 
 def forward_substitution(lower):
@@ -165,7 +165,7 @@ def _forward(cfg, q, k, v, g, beta, s0):
       cfg, functools.partial(state_step, cfg),
       [(k, 'key', False), (w, 'value', False), (u, 'value', True), (gc, 'value', False)], s0, n,
       tok_outputs=[(cfg.block_v, F32)])
-  (o,) = pc.parallel(cfg, pallas_scan.output_kernel,
+  (o,) = pc.parallel(cfg, pc.output_kernel,
                      [(q, 'key'), (k, 'key'), (v_new, 'value'), (gc, 'value'), (states, 'state')],
                      [('value', v.shape, q.dtype)], n)
   return o, final, (q, k, v, gc, bc, inv, w, v_new, states, final)
@@ -206,11 +206,12 @@ def _delta_bwd(cfg, res, cts):
 delta.defvjp(_delta_fwd, _delta_bwd)
 
 
-def gated_delta_rule(backend, q, k, v, log_decay, beta, *, scale, initial_state, chunk_size, interpret,
-                     block_v=None, min_chunk=16):
-  """Contract of `hybrid_jax.kernels.gated_delta_rule` (arguments already validated by the api)."""
+def gated_delta_rule(backend, q, k, v, log_decay, beta, *, scale, initial_state, chunk_size, interpret=None,
+                     block_v=None):
+  """Contract of `hybrid_jax.kernels.gated_delta_rule` (arguments already validated by the api) on backend 'gpu'
+  or 'tpu'; interpret and block_v as `pallas_scan.linear_scan`'s."""
   cfg = pc.make_cfg(backend, q, v, kernel='gated_delta_rule', scale=scale, chunk_size=chunk_size, block_v=block_v,
-                    interpret=interpret, min_chunk=min_chunk)
+                    interpret=interpret)
   qp, kp, vp, tp, s0 = pc.padded_inputs(cfg, q, k, v, initial_state)  # g = beta = 0 in the padding
   o, final = delta(cfg, qp, kp, vp, pc.pad_time(log_decay.astype(F32), tp), pc.pad_time(beta.astype(F32), tp), s0)
   return pc.from_layout(cfg, o)[:, :q.shape[1]], final

@@ -1,4 +1,5 @@
-"""The scalar-decay scan as Pallas kernels (shared by `pallas_gpu` and `pallas_tpu`), with a custom VJP.
+"""The scalar-decay scan as Pallas kernels for both backends (`pallas_scan_common` holds what differs), with a
+custom VJP.
 
 Forward: a sequential pass writes the state entering every chunk (S <- exp(gamma) S + (K o exp(gamma - G))^T V),
 then a chunk-parallel kernel writes O = scale [((Q K^T) o Gamma) V + (Q o exp(G)) S_n].
@@ -14,17 +15,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.kernels.linear_scan import pallas_common as pc
+from hybrid_jax.kernels import pallas_scan_common as pc
 
 F32 = pc.F32
-
-
-def output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, cfg):
-  """O = scale [((Q K^T) o Gamma) V + (Q o exp(G)) S] for one chunk (also the delta rule's, with V = V_new)."""
-  q, k, v, gates, s = q_ref[...], k_ref[...], v_ref[...], pc.Gates(g_ref[...]), s_ref[...]
-  a = pc.dot(q, k, cfg.dtype, tb=True) * gates.decay()
-  o = pc.dot(a, v, cfg.dtype) + pc.dot(q * gates.exp(), s, cfg.dtype)
-  o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
 
 
 def state_step(cfg, tiles, s):
@@ -69,7 +62,7 @@ def _forward(cfg, q, k, v, g, s0):
   gc = pc.local_cumsum(cfg, g)
   states, final = pc.sequential(cfg, functools.partial(state_step, cfg),
                                 [(k, 'key', False), (v, 'value', True), (gc, 'value', False)], s0, n)
-  (o,) = pc.parallel(cfg, output_kernel, [(q, 'key'), (k, 'key'), (v, 'value'), (gc, 'value'), (states, 'state')],
+  (o,) = pc.parallel(cfg, pc.output_kernel, [(q, 'key'), (k, 'key'), (v, 'value'), (gc, 'value'), (states, 'state')],
                      [('value', v.shape, q.dtype)], n)
   return o, final, gc, states
 
@@ -106,11 +99,12 @@ def _scan_bwd(cfg, res, cts):
 scan.defvjp(_scan_fwd, _scan_bwd)
 
 
-def linear_scan(backend, q, k, v, log_decay, *, scale, initial_state, chunk_size, interpret, block_v=None,
-                min_chunk=16):
-  """Contract of `hybrid_jax.kernels.linear_scan` (arguments already validated by the api)."""
+def linear_scan(backend, q, k, v, log_decay, *, scale, initial_state, chunk_size, interpret=None, block_v=None):
+  """Contract of `hybrid_jax.kernels.linear_scan` (arguments already validated by the api) on backend 'gpu' or
+  'tpu'; interpret: None -> `pc.interpret_default`; block_v: value columns per sequential program (GPU default
+  min(V, 64), TPU V)."""
   cfg = pc.make_cfg(backend, q, v, kernel='linear_scan', scale=scale, chunk_size=chunk_size, block_v=block_v,
-                    interpret=interpret, min_chunk=min_chunk)
+                    interpret=interpret)
   qp, kp, vp, tp, s0 = pc.padded_inputs(cfg, q, k, v, initial_state)  # g = 0 in the padding
   o, final = scan(cfg, qp, kp, vp, pc.pad_time(log_decay.astype(F32), tp), s0)
   return pc.from_layout(cfg, o)[:, :q.shape[1]], final

@@ -1,4 +1,4 @@
-"""Pieces shared by the GPU (Triton-style) and TPU (Mosaic-style) Pallas scan kernels.
+"""What the Pallas scan kernels share: one kernel module per scan serves both backends, this module the rest.
 
 Both backends run the same per-chunk math (docs/KERNELS.md, "Scalar-decay linear scan (Lightning, Mamba-2)" and
 "Gated DeltaNet (the gated delta rule)") on tiles
@@ -7,7 +7,11 @@ of one chunk: q/k [C, K], v [C, V], per-token scalars (beta, gradients) as colum
   [B, H, T, D] so every tile's last two dims are (chunk, head dim), as Mosaic wants;
 - the sequential pass over chunks: on GPU one program per (batch, head, value block) loops over the chunks
   (grid programs run concurrently there); on TPU the chunk is the last, sequential ("arbitrary") grid axis and the
-  state is carried in a VMEM scratch buffer.
+  state is carried in a VMEM scratch buffer;
+- the smallest chunk (`MIN_CHUNK`) and where a kernel compiles rather than interprets (`interpret_default`).
+Those differences live here, keyed by `Cfg.backend`, so the math of each scan is written once
+(`hybrid_jax/kernels/linear_scan/pallas_scan.py`, `hybrid_jax/kernels/delta_rule/pallas_delta.py`); per-backend
+copies of it would be two kernels to keep in step for no difference in what they compute.
 States are [B, Hv, N*K, V] float32 (state entering chunk n at rows n*K..). Gates enter kernels as the local
 inclusive cumulative gate G (restarting each chunk) in fp32 (hi, lo) pairs [C, 2] computed by XLA (`Gates`);
 every exp argument is <= 0 (G_i, G_i - G_j for i >= j, gamma - G_j, gamma) and masked to -inf before exp.
@@ -26,11 +30,20 @@ from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from hybrid_jax.kernels import gpu_smem
+from hybrid_jax.kernels import platform
 
 F32 = jnp.float32
 GPU_BLOCK_V = 64  # Value columns per GPU sequential program (fewer when V is smaller).
 STAGES = 2  # Triton pipeline stages of the GPU scan kernels.
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# Smallest chunk per backend (chunks are multiples of it): Triton dots need 16 rows (also the delta rule's
+# forward-substitution block); Mosaic tiles need multiples of 8 sublanes.
+MIN_CHUNK = {'gpu': 16, 'tpu': 8}
+
+
+def interpret_default(backend):
+  """Interpret mode unless the kernels' target is this backend's platform (CPU tests interpret both)."""
+  return platform.target() != backend
 
 
 class Cfg(NamedTuple):
@@ -46,13 +59,17 @@ class Cfg(NamedTuple):
   stages: int = STAGES
 
 
-def make_cfg(backend, q, v, *, kernel, scale, chunk_size, block_v, interpret, min_chunk, warps=4, stages=STAGES,
+def make_cfg(backend, q, v, *, kernel, scale, chunk_size, block_v, interpret=None, warps=4, stages=STAGES,
              budget=None):
   """Checks what the Pallas kernels need and returns their Cfg.
 
   GPU: the chunk is `gpu_smem.scan_chunk`'s (the requested one, halved until every kernel of `kernel` fits the
   shared-memory `budget`); interpret mode chooses the same, so CPU tests run what the GPU would.
+  interpret: None -> `interpret_default(backend)`.
   """
+  if interpret is None:
+    interpret = interpret_default(backend)
+  min_chunk = MIN_CHUNK[backend]
   if jnp.dtype(q.dtype) not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
     raise ValueError(f"implementation='pallas_{backend}' supports float32, bfloat16 and float16 inputs, got "
                      f"{q.dtype} (use implementation='xla' or 'reference')")
@@ -226,6 +243,15 @@ class Gates:
 
   def exp_gamma(self):
     return jnp.exp(self.gamma_hi + self.gamma_lo)
+
+
+def output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, cfg):
+  """O = scale [((Q K^T) o Gamma) V + (Q o exp(G)) S] for one chunk: both scans' output (the delta rule's with
+  V = V_new)."""
+  q, k, v, gates, s = q_ref[...], k_ref[...], v_ref[...], Gates(g_ref[...]), s_ref[...]
+  a = dot(q, k, cfg.dtype, tb=True) * gates.decay()
+  o = dot(a, v, cfg.dtype) + dot(q * gates.exp(), s, cfg.dtype)
+  o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
 
 
 # Drivers.
