@@ -131,7 +131,7 @@ def test_lightning_decay_is_minus_the_slopes_with_the_optional_layer_factor():
   np.testing.assert_allclose(layer.log_decay, [-s for s in alibi_slopes(8)])
   cfg = small_config('lightning', num_layers=5, cycle=('lightning',)).model
   cfg.lightning.layer_decay = True
-  assert [pattern.layer_spec(cfg, i).decay_scale for i in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+  assert [pattern.layer_spec(cfg, i).option('decay_scale') for i in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
   layer = nnx.eval_shape(lambda: make_mixer(cfg, pattern.layer_spec(cfg, 1), rngs=nnx.Rngs(0)))
   np.testing.assert_allclose(layer.log_decay, [-0.75 * s for s in alibi_slopes(cfg.lightning.num_heads)])
 

@@ -4,18 +4,29 @@ Stacks are repeats of `model.cycle`, so a scanned model scans one cycle and comp
 """
 
 import dataclasses
+from typing import Any, Mapping
 
 from hybrid_jax.models.mixers import registry
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
-  """What one layer is: its mixer kind, attention window (None = full) and whether it uses RoPE."""
+  """What one layer is: its mixer kind, attention window (None = full), whether it uses RoPE, and the values only
+  its kind reads (`options`, from the kind's registry entry), so that a new kind's per-layer values need no field
+  here and nothing outside its module names them."""
   kind: str  # A registered kind: hybrid_jax.models.mixers.registry.
   window: int | None
   rope: bool
-  full_kv_heads: int = 0  # 'headwise' only: KV groups (and their query heads) that attend fully.
-  decay_scale: float = 1.0  # 'lightning' only: MiniMax layer factor on the decay rates (1 when off).
+  # Name -> value, given as a mapping and kept as sorted pairs: a spec stays immutable, hashable and comparable.
+  options: tuple[tuple[str, Any], ...] = ()
+
+  def __post_init__(self):
+    if isinstance(self.options, Mapping):
+      object.__setattr__(self, 'options', tuple(sorted(self.options.items())))
+
+  def option(self, name: str, default: Any = None) -> Any:
+    """The kind's value `name` for this layer (`default` when its entry gives none)."""
+    return dict(self.options).get(name, default)
 
   @property
   def scope(self) -> str:
@@ -25,12 +36,16 @@ class LayerSpec:
 
 def layer_spec(model_cfg, index: int) -> LayerSpec:
   """The spec of layer `index` (0-based): kind = cycle[index % len(cycle)], the rest from that kind's registry
-  entry (hybrid_jax.models.mixers.registry; a kind without a spec rule has no window and no RoPE)."""
+  entry (hybrid_jax.models.mixers.registry; a kind without a spec rule has no window and no RoPE, one without
+  layer options none)."""
   if not 0 <= index < model_cfg.num_layers:
     raise IndexError(f'layer index {index} outside 0..{model_cfg.num_layers - 1}')
   cycle = tuple(model_cfg.cycle)
   kind = registry.get(cycle[index % len(cycle)])
-  return kind.spec(model_cfg, index) if kind.spec else LayerSpec(kind.name, None, False)
+  spec = kind.spec(model_cfg, index) if kind.spec else LayerSpec(kind.name, None, False)
+  if kind.layer_options:
+    spec = dataclasses.replace(spec, options=kind.layer_options(model_cfg, index))
+  return spec
 
 
 def stack_layout(model_cfg) -> tuple[int, int]:

@@ -95,25 +95,10 @@ def load_config(workdir) -> ml_collections.ConfigDict:
     raise RunError(f'{path} holds an invalid config: {e}') from e
 
 
-def _lightning_decay_before_the_key(saved: dict) -> str | None:
-  """model.lightning.decay_rates of a run made before the key existed: the ALiBi-interleaved series it was trained
-  with when that differs from today's default for its Lightning layers; None when its model is the same either way."""
-  from hybrid_jax.models.mixers import lightning  # pylint: disable=g-import-not-at-top
-  model = saved.get('model', {})
-  heads = model.get('lightning', {}).get('num_heads')
-  if 'lightning' in model.get('cycle', ()) and isinstance(heads, int) and heads > 0 and lightning.series_differ(heads):
-    return 'alibi_interleaved'
-  return None
-
-
 # Keys whose value for runs made before the key existed is not the new default: they changed what the model
-# computes. Each: dotted key -> (value the old run had, or None when the default means the same; why).
+# computes. Each: dotted key -> (value the old run had, or None when the default means the same; why). A mixer's
+# own keys are its registry entry's (MixerKind.history), read with these when a run loads.
 _BEFORE_THE_KEY = {
-    'model.lightning.decay_rates': (
-        _lightning_decay_before_the_key,
-        'its Lightning layers were trained with ALiBi\'s interleaved decay rates, which differ from 2^(-8(h+1)/H) '
-        'when model.lightning.num_heads is not a power of two; it loads as trained, and resuming it needs '
-        '--config.model.lightning.decay_rates=alibi_interleaved'),
     'data.packing': (
         lambda saved: 'concat',
         'its batches were packed as one text stream across documents; it loads as trained, and resuming it needs '
@@ -121,11 +106,17 @@ _BEFORE_THE_KEY = {
 }
 
 
+def _before_the_key() -> dict:
+  """This module's rules and every registered mixer kind's (the run's own kinds are loaded by then)."""
+  return {**registry.history(), **_BEFORE_THE_KEY}
+
+
 def _with_new_defaults(saved: dict, base: ml_collections.ConfigDict, path) -> ml_collections.ConfigDict:
   """The saved config, plus base defaults for keys added to the project after the run was trained (logged); a key
-  that changed the model's function (_BEFORE_THE_KEY) gets the value the run was trained with instead, named."""
+  that changed the model's function (_before_the_key) gets the value the run was trained with instead, named."""
   added = []
-  kept = {key: rule(saved) for key, (rule, _) in _BEFORE_THE_KEY.items()}
+  rules = _before_the_key()
+  kept = {key: rule(saved) for key, (rule, _) in rules.items()}
 
   def fill(node: dict, defaults: ml_collections.ConfigDict, prefix: str):
     for key, value in defaults.items():
@@ -134,7 +125,7 @@ def _with_new_defaults(saved: dict, base: ml_collections.ConfigDict, path) -> ml
         if kept.get(prefix + key) is not None:
           node[key] = kept[prefix + key]
           logging.warning('%s predates config key %s: %s=%r. %s', path, prefix + key, prefix + key, node[key],
-                          _BEFORE_THE_KEY[prefix + key][1])
+                          rules[prefix + key][1])
         else:
           added.append(prefix + key)
       elif isinstance(value, ml_collections.ConfigDict) and isinstance(node[key], dict):

@@ -194,9 +194,10 @@ def _attend_one(q, k, v, visible, scale, sinks=None):
 
 def kv_groups(spec, kv_heads: int) -> list[tuple[int | None, slice]]:
   """(window or None for full causal, kv-head slice) of each group of KV heads of an attention layer: one group for
-  full and SWA layers; for head-wise layers the windowed groups, then the last `full_kv_heads` that attend fully."""
+  full and SWA layers; for head-wise layers the windowed groups, then the last `full_kv_heads` (the spec's option)
+  that attend fully."""
   if spec.kind == 'headwise':
-    n_swa = kv_heads - spec.full_kv_heads
+    n_swa = kv_heads - spec.option('full_kv_heads', 0)
     return [(spec.window, slice(0, n_swa)), (None, slice(n_swa, kv_heads))]
   return [(spec.window, slice(0, kv_heads))]
 
@@ -276,5 +277,6 @@ registry.register(registry.MixerKind(
     spec=lambda cfg, index: pattern.LayerSpec('swa', int(cfg.window), bool(cfg.rope_swa))))
 # One RoPE setting per layer: head-wise layers follow the SWA setting (their windowed heads need position).
 registry.register(registry.MixerKind(
-    'headwise', role='headwise', validate=_check_headwise, **_ATTENTION, spec=lambda cfg, index: pattern.LayerSpec(
-        'headwise', int(cfg.window), bool(cfg.rope_swa), int(cfg.headwise_full_kv_heads))))
+    'headwise', role='headwise', validate=_check_headwise, **_ATTENTION,
+    spec=lambda cfg, index: pattern.LayerSpec('headwise', int(cfg.window), bool(cfg.rope_swa)),
+    layer_options=lambda cfg, index: {'full_kv_heads': int(cfg.headwise_full_kv_heads)}))

@@ -2,8 +2,8 @@
 
 S_t = exp(-s_h) S_{t-1} + k_t v_t^T, o_t = K^-1/2 S_t^T q_t, through hybrid_jax.kernels.linear_scan with a [H]
 log decay. Head h of H decays at s_h = 2^(-8(h+1)/H) for every H (MiniMax's Lightning layer and the study's code), so
-heads range from short to long memory; the optional MiniMax factor (LayerSpec.decay_scale) weakens the decay in
-deeper layers. No RoPE: the decay already encodes distance.
+heads range from short to long memory; the optional MiniMax factor (the spec's 'decay_scale' option) weakens the
+decay in deeper layers. No RoPE: the decay already encodes distance.
 """
 
 import math
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax import errors
-from hybrid_jax.models import flops, layers, pattern
+from hybrid_jax.models import flops, layers
 from hybrid_jax.models.layers import dtype_of, init_stds, param
 from hybrid_jax.models.mixers import recurrent, registry
 
@@ -61,7 +61,7 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     self.norm = nnx.Param(jnp.ones((v,), pdt), logical_axes=('head_dim',))  # Shared by the heads.
     self.wo = param(rngs, (h, v, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
     # A plain tuple of Python floats: a static constant of the graph, never trained.
-    self.log_decay = tuple(-s * spec.decay_scale for s in decay_rates(h, lc.decay_rates))
+    self.log_decay = tuple(-s * spec.option('decay_scale', 1.0) for s in decay_rates(h, lc.decay_rates))
     self._configure(cfg)
 
   def init_state(self, batch: int, max_len: int):
@@ -114,16 +114,36 @@ def lightning_flops(cfg, spec, t: int) -> dict:
           'core': flops.scalar_scan_flops(t, c, h, k, h, v), 'conv': 0}
 
 
-def _spec(cfg, index):
+def _layer_options(cfg, index):
+  """decay_scale: the MiniMax layer factor on the decay rates (1 when model.lightning.layer_decay is off)."""
   last = cfg.num_layers - 1
-  scale = 1.0 - index / last if cfg.lightning.layer_decay and last > 0 else 1.0
-  return pattern.LayerSpec('lightning', None, False, decay_scale=scale)
+  return {'decay_scale': 1.0 - index / last if cfg.lightning.layer_decay and last > 0 else 1.0}
 
 
 def _validate(cfg, used):
   if used and cfg.lightning.layer_decay and cfg.scan_layers:
     raise errors.invalid_config('model.lightning.layer_decay', True, 'needs model.scan_layers=False (the per-layer decay '
                            'factor differs between repeats of the cycle)')
+
+
+def _decay_rates_before_the_key(saved: dict) -> str | None:
+  """model.lightning.decay_rates of a run made before the key existed: the ALiBi-interleaved series it was trained
+  with when that differs from today's default for its Lightning layers; None when its model is the same either way."""
+  model = saved.get('model', {})
+  heads = model.get('lightning', {}).get('num_heads')
+  if 'lightning' in model.get('cycle', ()) and isinstance(heads, int) and heads > 0 and series_differ(heads):
+    return 'alibi_interleaved'
+  return None
+
+
+# Fields whose default is not what runs saved before the field existed computed (MixerKind.history).
+HISTORY = {
+    'decay_rates': (
+        _decay_rates_before_the_key,
+        'its Lightning layers were trained with ALiBi\'s interleaved decay rates, which differ from 2^(-8(h+1)/H) '
+        'when model.lightning.num_heads is not a power of two; it loads as trained, and resuming it needs '
+        '--config.model.lightning.decay_rates=alibi_interleaved'),
+}
 
 
 def _init_mismatch(source, cfg):
@@ -135,6 +155,6 @@ def _init_mismatch(source, cfg):
 
 
 registry.register(registry.MixerKind(
-    'lightning', build=Lightning, params=lightning_params, flops=lightning_flops, spec=_spec, section='lightning',
-    fields=FIELDS, validate=_validate, matched_shape=('num_heads', 'key_dim', 'value_dim'),
-    init_mismatch=_init_mismatch))
+    'lightning', build=Lightning, params=lightning_params, flops=lightning_flops, layer_options=_layer_options,
+    section='lightning', fields=FIELDS, validate=_validate, matched_shape=('num_heads', 'key_dim', 'value_dim'),
+    init_mismatch=_init_mismatch, history=HISTORY))

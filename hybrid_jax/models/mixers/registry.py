@@ -2,7 +2,8 @@
 
 Each mixer module ends with `registry.register(MixerKind(...))`: the word that names it in `model.cycle`, the layer
 it builds, its parameter count, its forward FLOPs, its config section (fields, defaults, checks), its role in the
-study, and whether it is attention (which the analyses read attention weights from and ablate heads of). Config
+study, whether it is attention (which the analyses read attention weights from and ablate heads of), the per-layer
+values only its layer reads, and what runs saved before one of its keys existed were trained with. Config
 validation, the base config, parameter counting, FLOPs, compile-check and the analyses read this registry; nothing
 else names a mixer kind. A mixer written outside the package registers the same way and is loaded by naming its
 module in `model.mixer_modules` (docs/ARCHITECTURE.md, "Adding a mixer").
@@ -70,6 +71,9 @@ class MixerKind:
   flops(model_cfg, spec, seq_len) -> its forward FLOPs over one sequence as {'projections', 'core', 'conv'}
     (hybrid_jax.models.flops: weight matmuls, the mixing itself, short convs; remat policies recompute by part).
   spec(model_cfg, index) -> the layer's hybrid_jax.models.pattern.LayerSpec (None: no window, no RoPE).
+  layer_options(model_cfg, index) -> {name: value} of what only this kind's layer reads of layer `index` (a
+    hashable value each), carried as the spec's `options` and read with `spec.option(name)`: LayerSpec has no
+    field of any one kind.
   role: 'full' (full causal attention), 'headwise' (full and windowed heads), 'pointwise' (mixes nothing across
     positions: an MLP layer of its own) or 'efficient' (everything else): what the study's analyses group it as.
   attention: the layer is softmax attention (hybrid_jax.models.mixers.attention.Attention's interface: `qkv`,
@@ -81,12 +85,17 @@ class MixerKind:
   matched_shape: the fields that size it against the attention layer it replaces (docs/MIXER_SHAPES.md).
   init_mismatch(source_model_cfg, model_cfg) -> why parameters taken from a run of `source_model_cfg` compute
     something else here although the shapes agree (e.g. constants that are not parameters), or None.
+  history: {field: (before(saved), why)} for a field added after runs were trained whose default would change
+    what such a run computes: `before` takes the run's saved config (config.json, a nested dict) and gives the
+    value it was trained with, or None when the default means the same; `why` is logged when it is used. Loading
+    a run reads every kind's (hybrid_jax.train.runs), so an old run of the kind loads as trained.
   """
   name: str
   build: Callable
   params: Callable
   flops: Callable
   spec: Callable | None = None
+  layer_options: Callable | None = None
   role: str = 'efficient'
   attention: bool = False
   section: str = ''
@@ -94,6 +103,7 @@ class MixerKind:
   validate: Callable = _no_check
   matched_shape: tuple[str, ...] = ()
   init_mismatch: Callable | None = None
+  history: Mapping[str, tuple[Callable, str]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if not self.name.isidentifier():
@@ -104,6 +114,8 @@ class MixerKind:
       raise ValueError(f'mixer kind {self.name!r} has config fields but no section')
     if not set(self.matched_shape) <= set(self.fields):
       raise ValueError(f'mixer kind {self.name!r}: matched_shape names fields it does not have')
+    if not set(self.history) <= set(self.fields):
+      raise ValueError(f'mixer kind {self.name!r}: history names fields it does not have')
 
 
 _KINDS: dict[str, MixerKind] = {}
@@ -230,6 +242,12 @@ def validate(model_cfg) -> None:
     for field_name, field in kind.fields.items():
       field.check(config, f'model.{kind.section}.{field_name}')
     kind.validate(model_cfg, kind.name in cycle)
+
+
+def history() -> dict[str, tuple[Callable, str]]:
+  """Every kind's history rules by dotted key (`model.<section>.<field>`): what a run saved before the key existed
+  was trained with (MixerKind.history)."""
+  return {f'model.{kind.section}.{field}': rule for kind in kinds() for field, rule in kind.history.items()}
 
 
 def init_mismatch(source_model_cfg, model_cfg) -> str | None:
