@@ -37,6 +37,13 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 
+def default_tier(values, keep):
+  """Parametrize `values` so those in `keep` run in the default tier and the rest in the end-to-end tier (-m e2e):
+  the edit-test loop checks one representative of each code path, the e2e tier every case."""
+  return [v if v in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.e2e)
+          for v in values]
+
+
 def study_config(arch='swa128_nope', scale='tiny'):
   return load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}')
 

@@ -54,6 +54,7 @@ def test_a_step_over_the_limit_is_fixed_by_a_change_that_is_compiled_and_fits():
     assert f'train.grad_accum={accum} (micro-batch {8 // accum} per chip)' in fix['change']
 
 
+@pytest.mark.e2e
 def test_nothing_fits_a_limit_below_the_parameters():
   row = compile_check.check(tiny(), CPU, memory_limit=1000)
   assert row['fits'] is False and 'change' not in row['fix'] and row['fix']['tried']

@@ -8,7 +8,7 @@ import pytest
 
 from hybrid_jax.eval.generate import Generator, stop_on_strings
 from hybrid_jax.train import state as state_lib
-from tests.conftest import small_config
+from tests.conftest import default_tier, small_config
 
 ARCHES = ['full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise', 'lightning', 'mamba2', 'gdn']
 
@@ -30,7 +30,8 @@ def _forward(model_def, params, tokens):
   return jax.jit(lambda p, t: model_def.bind(p)(t))(params, tokens)
 
 
-@pytest.mark.parametrize('arch, scan', [(arch, False) for arch in ARCHES] + [('swa128', True), ('gdn', True)])
+@pytest.mark.parametrize('arch, scan', default_tier([(arch, False) for arch in ARCHES] + [('swa128', True), ('gdn', True)],
+                                                   keep=[(arch, False) for arch in ARCHES] + [('swa128', True)]))
 def test_prefill_plus_steps_equal_one_forward_pass(arch, scan):
   cfg = small_config(arch, window=5, num_layers=5, scan_layers=scan).model  # Scanned: 2 cycles + 1 layer.
   model_def, params = state_lib.init_model(cfg, 0)

@@ -22,6 +22,7 @@ from hybrid_jax.eval.generate import Generator
 from hybrid_jax.commands import hf as cli, parsing
 from hybrid_jax.hf import HFError, config_map, io, weights
 from hybrid_jax.train import state as state_lib
+from tests.conftest import default_tier
 
 DATA = pathlib.Path(__file__).parent / 'data' / 'hf'
 FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / 'reference.safetensors').is_file())
@@ -66,8 +67,7 @@ DEFAULT_GREEDY = ('hf_granite_swa_nope', 'jax_mistral_swa', 'hf_granite_swa_scal
                   'hf_qwen3_5', 'hf_nemotron_h')
 
 
-@pytest.mark.parametrize('name', [pytest.param(n, marks=[] if n in DEFAULT_GREEDY else [pytest.mark.e2e])
-                                  for n in FIXTURES])
+@pytest.mark.parametrize('name', default_tier(FIXTURES, keep=DEFAULT_GREEDY))
 def test_greedy_tokens_match_transformers(name):
   """The decode path (KV caches, SWA rings) continues greedily exactly as transformers' generate did."""
   config, params, _ = io.read_hf(DATA / name)

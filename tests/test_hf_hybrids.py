@@ -18,6 +18,7 @@ from safetensors.numpy import load_file, save_file
 from hybrid_jax.commands import analyze, hf as hf_cli, parsing, train as train_cli
 from hybrid_jax.hf import HFError, families, family_export, family_weights, io
 from hybrid_jax.train import runs
+from tests.conftest import default_tier
 from tests.test_hf import DATA, REL_TOL, _edited_copy, _logits, _rel_err, _tiny_config
 
 HYBRIDS = {'qwen3_5_text': 'hf_qwen3_5', 'olmo_hybrid': 'hf_olmo_hybrid', 'nemotron_h': 'hf_nemotron_h',
@@ -137,7 +138,7 @@ def _import_with_tokenizer(tmp_path, name):
   return run
 
 
-@pytest.mark.parametrize('name', HYBRIDS.values())
+@pytest.mark.parametrize('name', default_tier(list(HYBRIDS.values()), keep=('hf_qwen3_5',)))
 def test_retrieval_heads_and_restriction_run_on_an_imported_model(tmp_path, capsys, name):
   run = _import_with_tokenizer(tmp_path, name)
   assert analyze.main(['retrieval-heads', '--workdir', str(run), '--source', 'study', '--length', '200',
@@ -167,6 +168,7 @@ def test_an_imported_model_without_a_fitting_tokenizer_is_refused_by_the_analyse
   assert status == 2 and 'model.vocab_size=64 is invalid' in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_training_continues_from_an_imported_model(tmp_path, capsys):
   run = _import_with_tokenizer(tmp_path, 'hf_nemotron_h')
   out = tmp_path / 'trained'

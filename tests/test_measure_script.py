@@ -58,6 +58,7 @@ def _check_kernels(out):
   assert all(r['fwd_bwd_vs_unmasked'] > 0 for r in scan['rows'] if r['documents'])
 
 
+@pytest.mark.e2e
 def test_dry_run_measures_every_phase(tmp_path):
   out, stdout = _dry_run(tmp_path, 'full')
   _check_kernels(out)

@@ -9,7 +9,7 @@ from flax import nnx
 from hybrid_jax.models import counting, pattern
 from hybrid_jax.models.model import HybridLM
 from hybrid_jax.train import state as state_lib
-from tests.conftest import small_config, study_config
+from tests.conftest import default_tier, small_config, study_config
 
 STUDY_NON_EMBEDDING = {'s1': 14_999_424, 's2': 31_470_080, 's3': 64_901_760, 's4': 104_427_264, 's5': 476_852_480}
 ARCHES = ['full', 'swa128', 'swa512', 'swa2048', 'swa128_nope', 'swa128_1to3', 'swa128_headwise']
@@ -96,8 +96,10 @@ def test_scanned_stack_computes_the_unrolled_function(remat):
                              g_unrolled['tail'][3]['mlp']['down'], rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize('policy', ['minimal', 'recompute_mlp'])
-@pytest.mark.parametrize('arch', ['swa128', 'lightning', 'mamba2', 'gdn'])
+# Every kind under one policy and one kind under both in the default tier.
+@pytest.mark.parametrize('arch, policy', default_tier(
+    [(a, p) for p in ('minimal', 'recompute_mlp') for a in ('swa128', 'lightning', 'mamba2', 'gdn')],
+    keep=[('swa128', 'minimal')] + [(a, 'recompute_mlp') for a in ('swa128', 'lightning', 'mamba2', 'gdn')]))
 def test_named_remat_policies_give_the_loss_and_gradients_of_no_remat(arch, policy):
   """Remat 'minimal' and 'recompute_mlp' (a scanned stack, float32) compute the same loss and gradients as no
   remat, for attention and each recurrent mixer."""
@@ -200,8 +202,7 @@ def test_scanned_params_carry_the_layers_axis():
 
 
 # small_config sets window=16 for every arch, so swa512 / swa2048 repeat swa128 here: slow only.
-@pytest.mark.parametrize('arch', [pytest.param(a, marks=pytest.mark.e2e) if a in ('swa512', 'swa2048') else a
-                                  for a in ARCHES])
+@pytest.mark.parametrize('arch', default_tier(ARCHES, keep=set(ARCHES) - {'swa512', 'swa2048'}))
 def test_causal(arch):
   cfg = small_config(arch).model
   _, params = state_lib.init_model(cfg, 0)

@@ -25,7 +25,7 @@ from hybrid_jax.configs import hybrid
 from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import optim, state as state_lib, step as step_lib
-from tests.conftest import study_config
+from tests.conftest import default_tier, study_config
 
 # The study's arches by mixer code path: swa512 and swa2048 differ from swa128 only in the window, which the tiny
 # models below set to 64 for every SWA layer (so that it is smaller than T).
@@ -119,7 +119,8 @@ def has_dense_scores(text):
   return f'{T}x{T}x' in text
 
 
-@pytest.mark.parametrize('arch', ARCHES)
+# The SWA variants (NoPE, head-wise, 1:3) run the same kernels as swa128: the e2e tier's.
+@pytest.mark.parametrize('arch', default_tier(ARCHES, keep=('full', 'swa128', 'lightning', 'mamba2', 'gdn')))
 def test_every_arch_compiles_for_tpu_through_the_pallas_kernels(arch, tpu_devices):
   config = tiny(arch)
   train, evaluate = lowered_steps(config, tpu_devices)
@@ -142,7 +143,7 @@ def test_every_arch_compiles_for_tpu_through_the_pallas_kernels(arch, tpu_device
 DOCUMENT_ARCHES = ['swa128', 'swa128_headwise', 'lightning', 'mamba2', 'gdn']
 
 
-@pytest.mark.parametrize('arch', DOCUMENT_ARCHES)
+@pytest.mark.parametrize('arch', default_tier(DOCUMENT_ARCHES, keep=('gdn',)))
 def test_packed_documents_compile_for_tpu_through_the_pallas_kernels(arch, tpu_devices):
   """The train step for batches of documents (as compile-check lowers it with data.packing='documents') keeps
   every mixer on the Mosaic kernels, per shard: splash gets each shard's segment ids (the scans see documents as
@@ -195,6 +196,7 @@ def test_packed_documents_cost_little_more_memory_at_s1(arch, tpu_devices):
   assert peaks['documents'] <= _PEAK_RATIO[arch] * peaks['concat'], {k: f'{v / 1e9:.2f} GB' for k, v in peaks.items()}
 
 
+@pytest.mark.e2e
 def test_the_released_hybrids_options_compile_for_tpu(tpu_devices):
   """The options imported checkpoints use (GDN value heads and beta in (0, 2), Mamba-2 groups / conv bias /
   grouped norm / dt floor, MLP layers of their own, q/k norm over all heads, output gate, partial RoPE) keep the
@@ -270,7 +272,7 @@ def collectives(text, op):
           for dims, dtype in re.findall(r'tensor<([\dx]+)x([a-z]+\d*)>', line.split('->')[-1])]
 
 
-@pytest.mark.parametrize('arch', DOCUMENT_ARCHES + ['full'])
+@pytest.mark.parametrize('arch', default_tier(DOCUMENT_ARCHES + ['full'], keep=('swa128', 'gdn')))
 def test_a_split_sequence_compiles_for_tpu_with_each_mixers_exchange(arch, tpu_devices):
   """Context parallelism (data 2 x sequence 2) on packed documents: the Mosaic kernels run per shard, and each
   mixer exchanges what its design says, no more: SWA and the short convs collective-permute a halo of about a
