@@ -138,7 +138,7 @@ def _import_with_tokenizer(tmp_path, name):
   return run
 
 
-@pytest.mark.parametrize('name', default_tier(list(HYBRIDS.values()), keep=('hf_qwen3_5',)))
+@pytest.mark.parametrize('name', default_tier(HYBRIDS.values(), keep=('hf_qwen3_5',)))
 def test_retrieval_heads_and_restriction_run_on_an_imported_model(tmp_path, capsys, name):
   run = _import_with_tokenizer(tmp_path, name)
   assert analyze.main(['retrieval-heads', '--workdir', str(run), '--source', 'study', '--length', '200',

@@ -201,7 +201,7 @@ def test_scanned_params_carry_the_layers_axis():
   assert axes == ('layers', 'embed', 'heads', 'head_dim')
 
 
-# small_config sets window=16 for every arch, so swa512 / swa2048 repeat swa128 here: slow only.
+# small_config sets window=16 for every arch, so swa512 / swa2048 repeat swa128 here: the e2e tier's.
 @pytest.mark.parametrize('arch', default_tier(ARCHES, keep=set(ARCHES) - {'swa512', 'swa2048'}))
 def test_causal(arch):
   cfg = small_config(arch).model
