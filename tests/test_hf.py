@@ -20,7 +20,8 @@ from hybrid_jax.train import runs
 from hybrid_jax.config import BASE_CONFIG, load_config_file, validate
 from hybrid_jax.eval.generate import Generator
 from hybrid_jax.commands import hf as cli, parsing
-from hybrid_jax.hf import HFError, config_map, io, weights
+from hybrid_jax.hf import HFError, io
+from hybrid_jax.hf.attention import config as attention_config, weights as attention_weights
 from hybrid_jax.train import state as state_lib
 from tests.conftest import default_tier
 
@@ -48,7 +49,7 @@ def _tiny_config(**fields):
 
 def test_fixture_set_covers_every_class():
   classes = {json.loads((DATA / n / 'config.json').read_text())['model_type'] for n in FIXTURES}
-  assert classes == set(config_map.IMPORT_TYPES) | set(config_map.FAMILY_TYPES)
+  assert classes == set(attention_config.IMPORT_TYPES) | set(attention_config.FAMILY_TYPES)
   assert sum(f.stat().st_size for f in DATA.rglob('*') if f.is_file()) < 1_250_000
 
 
@@ -80,7 +81,7 @@ def test_greedy_tokens_match_transformers(name):
 def test_imported_layer_patterns():
   """The per-layer pattern of each transformers config becomes hybrid_jax's shortest cycle and RoPE flags."""
   def fields(name):
-    return config_map.plan_import(io.read_hf_config(DATA / name)).model_fields
+    return attention_config.plan_import(io.read_hf_config(DATA / name)).model_fields
 
   granite = fields('hf_granite_swa_nope')  # full(NoPE), swa, swa, full(NoPE), swa
   assert (granite['cycle'], granite['window'], granite['rope_full'], granite['rope_swa']) == (
@@ -91,7 +92,7 @@ def test_imported_layer_patterns():
   # A SmolLM3 config without layer_types: transformers makes the NoPE layers the sliding ones.
   derived = {**io.read_hf_config(DATA / 'hf_smollm3_untied'), 'no_rope_layers': [1, 1, 0, 1], 'num_hidden_layers': 4}
   del derived['layer_types']
-  derived = config_map.plan_import(derived).model_fields
+  derived = attention_config.plan_import(derived).model_fields
   assert (derived['cycle'], derived['rope_full'], derived['rope_swa']) == (('full', 'full', 'swa'), True, False)
   assert fields('hf_llama_tied')['cycle'] == ('full',)
   assert fields('jax_mistral_swa')['cycle'] == ('swa',)
@@ -109,8 +110,8 @@ def test_minicpm_checkpoint_is_the_granite_model_with_minicpm_names():
   (MiniCPM divides the final hidden state instead: the same here, the factor 4 being a power of two), full attention
   with RoPE, head_dim**-0.5 and no sinks; so its reference logits are the GraniteSWA's, which
   test_logits_match_transformers checks it against."""
-  minicpm = config_map.plan_import(io.read_hf_config(DATA / 'minicpm_from_granite'))
-  granite = config_map.plan_import(io.read_hf_config(DATA / 'hf_granite_minicpm'))
+  minicpm = attention_config.plan_import(io.read_hf_config(DATA / 'minicpm_from_granite'))
+  granite = attention_config.plan_import(io.read_hf_config(DATA / 'hf_granite_minicpm'))
   assert minicpm.model_fields == granite.model_fields and minicpm.tied and granite.tied
   assert (minicpm.model_fields['embedding_multiplier'], minicpm.model_fields['logits_scaling']) == (12.0, 4.0)
   assert minicpm.model_fields['residual_multiplier'] == 1.4 / 2 ** 0.5
@@ -122,17 +123,17 @@ def test_minicpm_checkpoint_is_the_granite_model_with_minicpm_names():
 def test_a_tensor_name_table_reads_renamed_checkpoints(tmp_path, capsys):
   """A checkpoint with other tensor names (as remote modeling code may save them) imports given its JSON table."""
   table = {'top': {'embed': 'wte', 'final_norm.scale': 'ln_f', 'lm_head': 'head'},
-           'layer': {key: f'h.{{i}}.{key.replace(".", "_")}' for key in weights.TABLES['llama'].layer}}
+           'layer': {key: f'h.{{i}}.{key.replace(".", "_")}' for key in attention_weights.TABLES['llama'].layer}}
   source = tmp_path / 'renamed'
   source.mkdir()
   shutil.copy(DATA / 'hf_llama_tied' / 'config.json', source / 'config.json')
   tensors = load_file(str(DATA / 'hf_llama_tied' / io.WEIGHTS_FILE))
   renamed = {}
-  for key, name in weights.TABLES['llama'].top.items():
+  for key, name in attention_weights.TABLES['llama'].top.items():
     if name in tensors:
       renamed[table['top'][key]] = tensors.pop(name)
   for i in range(3):
-    for key, name in weights.TABLES['llama'].layer.items():
+    for key, name in attention_weights.TABLES['llama'].layer.items():
       renamed[table['layer'][key].format(i=i)] = tensors.pop(name.format(i=i))
   assert not tensors
   save_file(renamed, str(source / io.WEIGHTS_FILE))
@@ -151,7 +152,7 @@ def test_a_tensor_name_table_reads_renamed_checkpoints(tmp_path, capsys):
   assert parsing.run(cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run2'), '--tensor-names',
                                 str(tmp_path / 'bad.json')]) == 2
   assert "\"layer\" must map exactly" in capsys.readouterr().err and "missing ['mlp.up']" in str(
-      pytest.raises(HFError, weights.read_table, tmp_path / 'bad.json').value)
+      pytest.raises(HFError, attention_weights.read_table, tmp_path / 'bad.json').value)
   assert not (tmp_path / 'run2').exists()
 
 
@@ -293,7 +294,7 @@ def test_hf_commands_write_over_no_file_without_a_word(tmp_path, capsys):
 def test_export_refuses_what_no_class_expresses(fields, arch, match):
   config = _tiny_config(**fields)
   with pytest.raises(HFError, match=match):
-    config_map.to_hf_config(config.model, arch, max_positions=32)
+    attention_config.to_hf_config(config.model, arch, max_positions=32)
 
 
 def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, capsys):
@@ -328,7 +329,7 @@ def test_export_command_refuses_recurrent_run_before_reading_weights(tmp_path, c
 def test_import_refuses_unrepresentable_configs(name, change, match):
   hf = {**io.read_hf_config(DATA / name), **change}
   with pytest.raises(HFError, match=match):
-    config_map.plan_import(hf)
+    attention_config.plan_import(hf)
 
 
 def test_import_refuses_config_before_reading_weights(tmp_path):

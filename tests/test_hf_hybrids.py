@@ -16,7 +16,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from hybrid_jax.commands import analyze, hf as hf_cli, parsing, train as train_cli
-from hybrid_jax.hf import HFError, families, family_export, family_weights, io
+from hybrid_jax.hf import HFError, io
+from hybrid_jax.hf.families import config as family_config, export as family_export, weights as family_weights
 from hybrid_jax.train import runs
 from tests.conftest import default_tier
 from tests.test_hf import DATA, REL_TOL, _edited_copy, _logits, _rel_err, _tiny_config
@@ -29,7 +30,7 @@ OLMO_AS_SAVED = 'hf_olmo_hybrid_saved'
 
 
 def test_every_family_has_a_fixture():
-  assert set(HYBRIDS) == set(families.FAMILIES)
+  assert set(HYBRIDS) == set(family_config.FAMILIES)
   for model_type, name in HYBRIDS.items():
     assert json.loads((DATA / name / 'config.json').read_text())['model_type'] == model_type
 
@@ -54,7 +55,7 @@ def test_cached_decode_matches_transformers(name):
 
 def test_imported_options():
   """Each family's config.json becomes the model options of the same meaning."""
-  plan = lambda name: families.FAMILIES[io.read_hf_config(DATA / name)['model_type']].plan(
+  plan = lambda name: family_config.FAMILIES[io.read_hf_config(DATA / name)['model_type']].plan(
       io.read_hf_config(DATA / name))[0]
   qwen = plan('hf_qwen3_5')
   assert qwen['cycle'] == ('gdn', 'gdn', 'gdn', 'full') and qwen['attention'] == dict(
@@ -226,7 +227,7 @@ def test_export_round_trips_as_the_family(tmp_path, model_type, name):
   with the same logits. (transformers loads these exports with the fixtures' logits: docs/HF.md.)"""
   config, params, _ = io.read_hf(DATA / name)
   written = io.write_hf(tmp_path, config.model, params, max_positions=64)
-  family = families.FAMILIES[model_type]
+  family = family_config.FAMILIES[model_type]
   assert written['model_type'] == model_type and written['architectures'] == [family.hf_class]
   ours = load_file(str(tmp_path / io.WEIGHTS_FILE))
   theirs = load_file(str(DATA / name / io.WEIGHTS_FILE))

@@ -4,7 +4,7 @@
             [--dtype float32] [--max-shard-size 5GB] [--overwrite]
   hf import PATH --workdir RUN [--dtype float32] [--tensor-names TABLE.json]
     (--dtype: the imported run's compute dtype; --tensor-names: the checkpoint's tensor names, when they are not
-    its model_type's, e.g. remote modeling code; format in hybrid_jax.hf.weights.NameTable)
+    its model_type's, e.g. remote modeling code; format in hybrid_jax.hf.attention.weights.NameTable)
 
 Each prints one JSON summary line; a checkpoint or run that cannot be mapped exactly exits 2 with the reason.
 """
@@ -14,7 +14,9 @@ import pathlib
 
 from hybrid_jax import checks
 from hybrid_jax.commands import parsing
-from hybrid_jax.hf import HFError, config_map, family_export, io
+from hybrid_jax.hf import HFError, io
+from hybrid_jax.hf.attention import config as attention_config
+from hybrid_jax.hf.families import export as family_export
 
 
 def _refuse_files_in(folder, flag: str, advice: str):
@@ -37,7 +39,8 @@ def _parser() -> parsing.ArgumentParser:
                       help='output directory for the transformers checkpoint')
   export.add_argument('--step', type=checks.NONNEGATIVE_INT, default=None,
                       help='checkpoint step (default: the newest)')
-  export.add_argument('--arch', default='auto', choices=['auto', *config_map.HF_CLASSES, *family_export.EXPORTERS],
+  export.add_argument('--arch', default='auto',
+                      choices=['auto', *attention_config.HF_CLASSES, *family_export.EXPORTERS],
                       help='transformers architecture (auto: Llama, Mistral or SmolLM3, the plainest that fits; '
                            'Qwen3.5 for a GDN hybrid)')
   export.add_argument('--dtype', default='float32', choices=list(io.EXPORT_DTYPES), help='tensor dtype on disk')

@@ -21,7 +21,9 @@ from safetensors.numpy import save_file
 from hybrid_jax import readers
 from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file, validate
 from hybrid_jax.errors import DataError
-from hybrid_jax.hf import HFError, config_map, families, family_export, family_weights, weights
+from hybrid_jax.hf import HFError
+from hybrid_jax.hf.attention import config as attention_config, weights as attention_weights
+from hybrid_jax.hf.families import config as family_config, export as family_export, weights as family_weights
 
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -91,15 +93,15 @@ def _save_tensors(tensors: dict, out: pathlib.Path, max_shard_bytes: int | None)
 def family_arch(model_cfg, arch: str) -> str | None:
   """The recurrent-hybrid family to export as: the one `arch` names, or for 'auto' and a model with layers that
   are not attention, the first family whose class computes what the model does (HFError naming, per family, the
-  key it differs in, when none does); None for the attention classes (config_map)."""
-  if arch in families.FAMILIES:
+  key it differs in, when none does); None for the attention classes (attention.config)."""
+  if arch in family_config.FAMILIES:
     return arch
   from hybrid_jax.models.mixers import registry  # pylint: disable=g-import-not-at-top
   kinds = set(model_cfg.cycle)
   if arch != 'auto' or all(registry.get(kind).attention for kind in kinds):
     return None
   if not kinds <= family_export.FAMILY_KINDS:
-    return None  # A kind no family has: config_map.layer_plan names the layer.
+    return None  # A kind no family has: attention_config.layer_plan names the layer.
   reasons = []
   for family in family_export.EXPORTERS:
     try:
@@ -117,7 +119,7 @@ def check_exportable(model_cfg, arch: str = 'auto'):
   if family:
     family_export.to_hf_config(model_cfg, family, max_positions=1, eos_id=None)
   else:
-    config_map.layer_plan(model_cfg)
+    attention_config.layer_plan(model_cfg)
 
 
 def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, dtype: str = 'float32',
@@ -127,11 +129,11 @@ def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, 
   family = family_arch(model_cfg, arch)
   if family:
     hf_config = family_export.to_hf_config(model_cfg, family, max_positions=max_positions, eos_id=eos_id)
-    tensors = family_weights.to_hf(families.FAMILIES[family], params, model_cfg, dtype=_np_dtype(dtype))
+    tensors = family_weights.to_hf(family_config.FAMILIES[family], params, model_cfg, dtype=_np_dtype(dtype))
   else:
-    hf_config = config_map.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
-    tensors = weights.to_hf_tensors(params, model_cfg, weights.TABLES[hf_config['model_type']],
-                                    dtype=_np_dtype(dtype))
+    hf_config = attention_config.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
+    tensors = attention_weights.to_hf_tensors(params, model_cfg, attention_weights.TABLES[hf_config['model_type']],
+                                              dtype=_np_dtype(dtype))
   hf_config['dtype'] = dtype
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
@@ -223,23 +225,23 @@ class TensorReader:
     return readers.read_tensor(file, name)
 
 
-def read_hf(path, model_overrides: dict | None = None, table: weights.NameTable | None = None):
+def read_hf(path, model_overrides: dict | None = None, table: attention_weights.NameTable | None = None):
   """(hybrid_jax model config, params as numpy, import plan) of a transformers checkpoint directory.
 
-  `table`: the checkpoint's tensor names (default: its model_type's entry in weights.TABLES).
+  `table`: the checkpoint's tensor names (default: its model_type's entry in attention_weights.TABLES).
   """
   from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
-  hf_config = families.text_config(read_hf_config(path))
-  if hf_config.get('model_type') in families.FAMILIES:
+  hf_config = family_config.text_config(read_hf_config(path))
+  if hf_config.get('model_type') in family_config.FAMILIES:
     return _read_family(path, hf_config, model_overrides, table)
-  plan = config_map.plan_import(hf_config)
-  table = table or weights.TABLES[plan.model_type]
+  plan = attention_config.plan_import(hf_config)
+  table = table or attention_weights.TABLES[plan.model_type]
   reader = TensorReader(path)
   # Finite sink tensors (GraniteSWA) make a model with learned sinks; all -inf, one without.
-  sinks = weights.finite_sinks(reader, reader.names, table, plan.model_fields['num_layers'])
+  sinks = attention_weights.finite_sinks(reader, reader.names, table, plan.model_fields['num_layers'])
   config = _model_config(path, {**plan.model_fields, 'attention_sinks': sinks}, model_overrides)
   abstract = runs.abstract_params(config.model)
-  params = weights.from_hf_tensors(reader, reader.names, abstract, config.model, table, tied=plan.tied)
+  params = attention_weights.from_hf_tensors(reader, reader.names, abstract, config.model, table, tied=plan.tied)
   return config, params, plan
 
 
@@ -262,14 +264,14 @@ def _read_family(path, hf_config: dict, model_overrides, table):
   from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
   if table is not None:
     raise HFError(f'--table applies to attention checkpoints; {hf_config["model_type"]} has its own tensor rules')
-  family = families.FAMILIES[hf_config['model_type']]
+  family = family_config.FAMILIES[hf_config['model_type']]
   fields, tied = family.plan(hf_config)
   reader = TensorReader(path)  # Refusals of config.json come before this: no weight is read for them.
   config = _model_config(path, fields, model_overrides)
   abstract = runs.abstract_params(config.model)
   params = family_weights.from_hf(family, reader, reader.names, abstract, config.model, tied=tied)
   ignored = tuple(family_weights.ignored_names(family, reader.names))
-  return config, params, config_map.ImportPlan(family.model_type, fields, tied, ignored)
+  return config, params, attention_config.ImportPlan(family.model_type, fields, tied, ignored)
 
 
 def _checkpoint_tokenizer(path: pathlib.Path, vocab_size: int) -> list[str]:
@@ -294,8 +296,8 @@ def _checkpoint_tokenizer(path: pathlib.Path, vocab_size: int) -> list[str]:
 def import_hf(path, workdir, *, dtype: str = 'float32', table=None) -> dict:
   """Writes a hybrid_jax run directory (config.json + params checkpoint at step 0) from a transformers checkpoint.
 
-  `table`: a JSON tensor-name table file (weights.read_table) for checkpoints whose names differ from their
-  model_type's table (remote modeling code).
+  `table`: a JSON tensor-name table file (attention_weights.read_table) for checkpoints whose names differ from
+  their model_type's table (remote modeling code).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
@@ -303,7 +305,7 @@ def import_hf(path, workdir, *, dtype: str = 'float32', table=None) -> dict:
   path, workdir = pathlib.Path(path), runs.local_workdir(workdir)
   if (workdir / 'config.json').exists() or (workdir / 'checkpoints').exists():
     raise HFError(f'{workdir} already holds a run; import into a new directory')
-  names = weights.read_table(table) if table else None
+  names = attention_weights.read_table(table) if table else None
   config, params, plan = read_hf(path, {'dtype': dtype}, names)
   config.name = f'hf_{path.resolve().name}'
   tokenizer_files = _checkpoint_tokenizer(path, config.model.vocab_size)

@@ -1,14 +1,14 @@
 """hf export of a recurrent hybrid as one of the families' classes, where that class computes exactly what it does.
 
 The family's config.json is written from the model config, then read back by the family's own import plan
-(families.py); every key of the model's function must come back equal, or the export is refused naming the key.
+(config.py); every key of the model's function must come back equal, or the export is refused naming the key.
 So a refusal names the model option the class lacks (e.g. model.attention.output_gate=False against Qwen3.5's gate).
 """
 
 import math
 
 from hybrid_jax.hf import HFError
-from hybrid_jax.hf.families import FAMILIES
+from hybrid_jax.hf.families.config import FAMILIES
 from hybrid_jax.models import pattern
 from hybrid_jax.models.mixers import registry
 

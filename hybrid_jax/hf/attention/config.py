@@ -12,6 +12,7 @@ import dataclasses
 import math
 
 from hybrid_jax.hf import HFError
+from hybrid_jax.hf.fields import positive_int, positive_number, refuse, rope, shortest_cycle
 from hybrid_jax.models import pattern
 from hybrid_jax.models.mixers import registry
 
@@ -150,24 +151,6 @@ def to_hf_config(model_cfg, arch: str = 'auto', *, max_positions: int, eos_id: i
 
 
 # ---------------------------------------------------------------------------------------------------- import
-def refuse(field: str, value, allowed: str):
-  raise HFError(f'config.json {field}={value!r} cannot be represented by hybrid_jax: {allowed}')
-
-
-def rope(hf: dict, default_factor: float = 1.0, default_theta: float | None = None) -> tuple[float | None, float]:
-  """(RoPE base, partial rotary factor) of a default (unscaled) rotary embedding; refuses scaled RoPE. The base is
-  None when the config gives null (NoPE) or nothing and there is no `default_theta`."""
-  params = hf.get('rope_parameters') or {}
-  if hf.get('rope_scaling'):
-    refuse('rope_scaling', hf['rope_scaling'], 'only plain RoPE (no scaling) is supported')
-  rope_type = params.get('rope_type', params.get('type', 'default'))
-  if rope_type != 'default':
-    refuse('rope_parameters.rope_type', rope_type, "only 'default' RoPE is supported")
-  factor = params.get('partial_rotary_factor', hf.get('partial_rotary_factor', default_factor))
-  theta = params['rope_theta'] if 'rope_theta' in params else hf.get('rope_theta', default_theta)
-  return theta, factor
-
-
 def _rope_theta(hf: dict) -> float | None:
   """The RoPE base of a default (unscaled) rotary embedding; refuses scaled or partial RoPE."""
   theta, factor = rope(hf)
@@ -207,22 +190,6 @@ def _hf_layers(hf: dict, model_type: str, theta: float | None) -> tuple[list[Lay
   return [Layer(w, bool(t)) for w, t in zip(windows, thetas)], (nonzero[0] if nonzero else theta)
 
 
-def positive_int(hf: dict, field: str, default=None) -> int:
-  """A config.json integer that must be > 0 (`default` when the field is absent)."""
-  value = hf.get(field, default)
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    refuse(field, value, 'a positive integer is required')
-  return value
-
-
-def positive_number(hf: dict, field: str, default=None) -> float:
-  """A config.json number that must be finite and > 0 (`default` when the field is absent)."""
-  value = hf.get(field, default)
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-    refuse(field, value, 'a finite number > 0 is required')
-  return float(value)
-
-
 def _scaling_fields(hf: dict, model_type: str, head_dim: int) -> dict:
   """hybrid_jax's scaling options (model.embedding_multiplier, ...) from a config's multipliers."""
   if model_type == 'minicpm':
@@ -241,15 +208,6 @@ def _scaling_fields(hf: dict, model_type: str, head_dim: int) -> dict:
   scale = positive_number(hf, 'attention_multiplier')
   fields['attention_scale'] = 0.0 if scale == head_dim ** -0.5 else scale  # 0: the default path, same value.
   return fields
-
-
-def shortest_cycle(kinds: list[str]) -> tuple[str, ...]:
-  """The shortest repeating unit of the per-layer kinds (hybrid_jax's model.cycle; the whole list when none)."""
-  n = len(kinds)
-  for period in range(1, n + 1):
-    if all(kinds[i] == kinds[i % period] for i in range(n)):
-      return tuple(kinds[:period])
-  return tuple(kinds)
 
 
 def _rope_flag(plan: list[Layer], is_kind, name: str) -> bool:

@@ -1,8 +1,8 @@
 """Tensor rules: which checkpoint tensor holds which hybrid_jax parameters, and how their layouts differ.
 
 A rule may split one tensor into several parameters (a fused in_proj [z | x | B | C | dt], a q_proj interleaving
-query and gate per head) and joins them back on export. The families (families.py) are written in these rules;
-hybrid_jax.hf.family_weights applies them.
+query and gate per head) and joins them back on export. The families (config.py) are written in these rules;
+hybrid_jax.hf.families.weights applies them.
 """
 
 import dataclasses
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from hybrid_jax.hf.weights import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE, Transform
+from hybrid_jax.hf.tensors import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE, Transform
 
 # [C, 1, K] depthwise conv weight <-> ours [K, *channels].
 CONV = Transform(lambda x: x.reshape(x.shape[0], -1).T[:, None, :], lambda y, shape: y[:, 0, :].T.reshape(shape),

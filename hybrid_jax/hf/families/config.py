@@ -1,7 +1,7 @@
 """The recurrent hybrids people release, as hybrid_jax models: Qwen3.5, OLMo Hybrid, Nemotron-H, Bamba, Granite-4.0-H.
 
 Each family is a `Family`: how its `config.json` maps onto model fields (refusing, field by field, what the model
-cannot hold, before a weight is read) and its tensor rules (hybrid_jax.hf.tensor_rules): which checkpoint tensor
+cannot hold, before a weight is read) and its tensor rules (hybrid_jax.hf.families.rules): which checkpoint tensor
 holds which parameters, and how the layouts differ. docs/HF.md lists the families, the options each maps to and the
 refusals.
 """
@@ -10,10 +10,10 @@ import dataclasses
 import math
 from typing import Callable
 
-from hybrid_jax.hf.config_map import positive_int, positive_number, refuse, rope, shortest_cycle
-from hybrid_jax.hf.tensor_rules import (CONV, ZERO_CENTRED, Rule, attention_rules, block_norm_rules, mamba_rules,
-                                        swiglu_rules)
-from hybrid_jax.hf.weights import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE
+from hybrid_jax.hf.families.rules import (CONV, ZERO_CENTRED, Rule, attention_rules, block_norm_rules, mamba_rules,
+                                          swiglu_rules)
+from hybrid_jax.hf.fields import positive_int, positive_number, refuse, rope, shortest_cycle
+from hybrid_jax.hf.tensors import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE
 
 
 # ---------------------------------------------------------------------------------------------------- config

@@ -1,4 +1,4 @@
-"""hybrid_jax params <-> the tensors of a recurrent-hybrid family's checkpoint, by the family's rules (families.py).
+"""hybrid_jax params <-> the tensors of a recurrent-hybrid family's checkpoint, by the family's rules (config.py).
 
 Import reads every rule's tensor, checks its shape against what the model config implies, splits it into the
 parameters it holds and changes their layout (a fused tensor stored cut into several, OLMo Hybrid's q / k / v convs,
@@ -8,15 +8,18 @@ silently). Export runs the same rules backwards and joins fused tensors again.
 
 import numpy as np
 
-from hybrid_jax.hf import HFError, families, weights
+from hybrid_jax.hf import HFError
+from hybrid_jax.hf.families.config import top_rules
+from hybrid_jax.hf.tensors import (Assembly, as_float, check_tied_head, get_path, layer_slots, read_checked,
+                                   refuse_unused)
 from hybrid_jax.models import pattern
 
 
 def _entries(family, model_cfg):
   """(rule, [(our full path, stack index)] per part) of every tensor, top-level first."""
-  for rule in families.top_rules(family):
+  for rule in top_rules(family):
     yield rule, [(path, None) for path, _ in rule.parts]
-  for i, (block, index) in enumerate(weights.layer_slots(model_cfg)):
+  for i, (block, index) in enumerate(layer_slots(model_cfg)):
     for rule in family.layer_rules(model_cfg, pattern.layer_spec(model_cfg, i), i):
       yield rule, [(block + path, index) for path, _ in rule.parts]
 
@@ -35,7 +38,7 @@ def canonical_names(family, names) -> dict[str, str]:
 
 
 def _shape(abstract, path, index):
-  target = weights.get_path(abstract, path)
+  target = get_path(abstract, path)
   return target.shape if index is None else target.shape[1:]
 
 
@@ -62,7 +65,7 @@ def _read_cut(read, names, rule, shapes) -> np.ndarray:
       raise HFError(f'tensor {name!r} has shape {tuple(value.shape)}, but config.json implies '
                     f'(channels, {", ".join(map(str, hf_shape[1:]))}), a cut of the fused {rule.name} '
                     f'{tuple(hf_shape)}')
-    pieces.append(weights.as_float(name, value, np.float32))
+    pieces.append(as_float(name, value, np.float32))
   cut = [p.shape[0] for p in pieces]
   if sum(cut) != hf_shape[0]:
     labels = ', '.join(path[-1] for path, _ in rule.parts)
@@ -79,16 +82,16 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
   names = canonical_names(family, [n for n in names if n not in skipped])
   stored = set(names.values())
   used = set()
-  params = weights.Assembly(abstract)
+  params = Assembly(abstract)
   for rule, targets in _entries(family, model_cfg):
     shapes = [_shape(abstract, path, index) for path, index in targets]
     name = rule.name
     if targets[0][0] == ('lm_head',) and tied:
       embed = names.get(family.top['embed'], family.top['embed'])
       if name in names:  # A tied checkpoint may still store the head: it must be the embedding.
-        weights.check_tied_head(read, names[name], embed)
+        check_tied_head(read, names[name], embed)
         used.add(names[name])
-      pieces = [weights.read_checked(read, stored, embed, shapes[0][::-1], np.float32).T]
+      pieces = [read_checked(read, stored, embed, shapes[0][::-1], np.float32).T]
     else:
       hf_shape = rule.hf_shape(shapes)
       if rule.stored:
@@ -97,13 +100,13 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
       else:
         if name not in names:
           raise HFError(f'the checkpoint has no tensor {name!r} (expected shape {tuple(hf_shape)})')
-        y = weights.read_checked(read, stored, names[name], hf_shape, np.float32)
+        y = read_checked(read, stored, names[name], hf_shape, np.float32)
         used.add(names[name])
       pieces = [transform.from_hf(piece, shape) for (_, transform), piece, shape
                 in zip(rule.parts, rule.split(y, shapes), shapes)]
     for (path, index), value in zip(targets, pieces):
-      params.put(path, index, np.asarray(value, np.float32).astype(weights.get_path(abstract, path).dtype))
-  weights.refuse_unused(stored, used)
+      params.put(path, index, np.asarray(value, np.float32).astype(get_path(abstract, path).dtype))
+  refuse_unused(stored, used)
   return params.done()
 
 
@@ -111,7 +114,7 @@ def to_hf(family, params, model_cfg, *, dtype=np.float32) -> dict[str, np.ndarra
   """The family checkpoint's tensors (contiguous numpy arrays in `dtype`) of hybrid_jax params."""
   tensors = {}
   for rule, targets in _entries(family, model_cfg):
-    values = [np.asarray(weights.get_path(params, path)) for path, _ in targets]
+    values = [np.asarray(get_path(params, path)) for path, _ in targets]
     values = [v if index is None else v[index] for v, (_, index) in zip(values, targets)]
     shapes = [v.shape for v in values]
     pieces = [transform.to_hf(v) for (_, transform), v in zip(rule.parts, values)]
