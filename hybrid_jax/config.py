@@ -112,9 +112,8 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
 def packaged_config(path) -> pathlib.Path | None:
   """The packaged config file (hybrid_jax/configs) that `path` names, or None.
 
-  A name such as `hybrid` names hybrid_jax/configs/hybrid.py; so does `configs/hybrid.py`, the repository's
-  experiment file of the same config, where that file is not there (an installed package run from another
-  directory, run strings written before the configs were packaged)."""
+  A name such as `hybrid` names hybrid_jax/configs/hybrid.py; so does `configs/NAME.py` with that name where no file
+  is at that path, the spelling of the packaged configs in older run strings and sweep files."""
   match = re.fullmatch(r'(\w+)|configs/(\w+)\.py', str(path))
   name = match and (match.group(1) or match.group(2))
   if not name or name.startswith('_') or not (CONFIG_DIR / f'{name}.py').is_file():

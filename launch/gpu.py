@@ -5,8 +5,8 @@ On one host no coordinator is needed: a single process sees every GPU and the me
 task per node runs; jax.distributed picks the coordinator and ranks up from SLURM's environment. `--dry-run`
 prints the exact command (or the filled-in sbatch script) instead of running it.
 
-  python launch/gpu.py local --gpus=8 -- train --config=configs/hybrid.py:arch=full,scale=s2
-  python launch/gpu.py slurm --nodes=4 --gpus_per_node=8 -- train --config=configs/hybrid.py:arch=full,scale=s5
+  python launch/gpu.py local --gpus=8 -- train --config=hybrid:arch=full,scale=s2
+  python launch/gpu.py slurm --nodes=4 --gpus_per_node=8 -- train --config=hybrid:arch=full,scale=s5
 """
 
 import argparse

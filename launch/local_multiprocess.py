@@ -6,7 +6,7 @@ that hybrid_jax.parallel.distributed reads, and its own fake CPU devices. This i
 pod, testable on a laptop. When one process fails, the others are given --grace seconds to fail on their own
 (they should, with a clear error) and are then stopped; the exit code is the first failure's.
 
-  python launch/local_multiprocess.py --num_processes=2 -- train --config=configs/hybrid.py:arch=full,scale=tiny
+  python launch/local_multiprocess.py --num_processes=2 -- train --config=hybrid:arch=full,scale=tiny
 """
 
 import argparse

@@ -8,7 +8,7 @@ exact commands instead of running them.
 
   python launch/tpu_pod.py create --name=run1 --zone=us-east5-a --accelerator=v5p-64 --version=v2-alpha-tpuv5
   python launch/tpu_pod.py setup  --name=run1 --zone=us-east5-a --repo=https://github.com/me/hybrid_jax --bucket=B
-  python launch/tpu_pod.py run    --name=run1 --zone=us-east5-a -- train --config=configs/hybrid.py:arch=full,scale=s3 \
+  python launch/tpu_pod.py run    --name=run1 --zone=us-east5-a -- train --config=hybrid:arch=full,scale=s3 \
       --workdir=/mnt/B/full_s3
   python launch/tpu_pod.py logs   --name=run1 --zone=us-east5-a
   python launch/tpu_pod.py delete --name=run1 --zone=us-east5-a

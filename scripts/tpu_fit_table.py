@@ -59,7 +59,7 @@ def main(argv=None):
     unknown = [item for item in chosen[flag] if item not in allowed]
     if unknown:
       p.error(f'--{flag}: {", ".join(map(repr, unknown))} not among {", ".join(allowed)}')
-  from hybrid_jax.config import load_config_file, validate
+  from hybrid_jax.config import load_config_file, resolve_spec, validate
   from hybrid_jax.compile_check import fit as compile_check
   out = pathlib.Path(args.out)
   store = out.with_suffix('.json')
@@ -75,10 +75,10 @@ def main(argv=None):
         for chip in chosen['chips']:
           topology = TOPOLOGIES[chip][scale]
           seq_len, context_args = CONTEXTS[context]
-          config = validate(load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}{context_args}'))
+          config = validate(load_config_file(resolve_spec(f'hybrid:arch={arch},scale={scale}{context_args}')))
           if config.data.seq_len != seq_len:
-            raise SystemExit(f'configs/hybrid.py sets seq_len {config.data.seq_len} for {context}; CONTEXTS says '
-                             f'{seq_len}')
+            raise SystemExit(f'the packaged hybrid config sets seq_len {config.data.seq_len} for {context}; CONTEXTS '
+                             f'says {seq_len}')
           key = (arch, scale, seq_len, topology)
           if key in current:
             continue
@@ -98,7 +98,7 @@ def _write(out, rows, grid):
   versions = ', '.join(f'{n} {importlib.metadata.version(n)}' for n in ('jax', 'jaxlib', 'libtpu', 'flax'))
   header = (f'# The study on Cloud TPU: what fits where\n\nGenerated {datetime.date.today()} by '
             f'`python scripts/tpu_fit_table.py` ({versions}) on a CPU host: each row is\n'
-            '`python -m hybrid_jax compile-check --config=configs/hybrid.py:arch=A,scale=S --topology=T`, the '
+            '`python -m hybrid_jax compile-check --config=hybrid:arch=A,scale=S --topology=T`, the '
             "study's train step\n(64 x 16,384 tokens, or 64 x 32,768 for the extension stage) compiled for the "
             'topology through the Pallas TPU kernels.\n`fits`: compiled peak per chip within the HBM below; '
             '`fix`: of the changes compile-check compiled that fit, the one with the lowest estimate (bold), then the\n'
@@ -130,7 +130,7 @@ def _revision(row):
 
 
 def _grid_order(row):
-  """Context, then scale, then the arch order of configs/hybrid.py, then chip: the order a reader scans."""
+  """Context, then scale, then the arch order of hybrid_jax/configs/hybrid.py, then chip: the order a reader scans."""
   from hybrid_jax.configs import hybrid
   chip = next(c for c, scales in TOPOLOGIES.items() if row['target'] in scales.values())
   return row['seq_len'], row['scale'], list(hybrid.ARCHES).index(row['arch']), list(TOPOLOGIES).index(chip)

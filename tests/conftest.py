@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from hybrid_jax import host_memory
-from hybrid_jax.config import load_config_file
+from hybrid_jax.config import load_config_file, resolve_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 host_memory.keep_freed_memory()  # As `python -m hybrid_jax` does: steps on the CPU reuse their buffers.
@@ -45,7 +45,7 @@ def default_tier(values, keep):
 
 
 def study_config(arch='swa128_nope', scale='tiny'):
-  return load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale={scale}')
+  return load_config_file(resolve_spec(f'hybrid:arch={arch},scale={scale}'))
 
 
 # The seconds-fast run's settings, shared by `small_config` (in process) and `train_command` (the command line),
@@ -71,7 +71,7 @@ def train_command(workdir, *overrides):
   """`python -m hybrid_jax train` of `small_config()`'s run (steps and checkpoints from the overrides)."""
   settings = [f'--config.{section}.{key}={value}' for section, values in SMALL.items() for key, value in values.items()]
   return [sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={workdir}',
-          f'--config={ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', *settings, *overrides]
+          '--config=hybrid:arch=swa128_nope,scale=tiny', *settings, *overrides]
 
 
 def wait_for(condition, proc, what, timeout=300):

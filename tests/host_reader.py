@@ -2,10 +2,9 @@
 
 import numpy as np
 
-from hybrid_jax.config import load_config_file
+from hybrid_jax.config import BASE_CONFIG, load_config_file
 from hybrid_jax.data import pipeline
 
-BASE_CONFIG = __file__.rsplit('/', 2)[0] + '/configs/base.py'
 EOS = 256
 
 
@@ -13,7 +12,7 @@ def documents_read_by_host(args) -> set[str]:
   """The whole byte-tokenized documents host `index` of `count` reads from pretokenized `directory` in its first
   `batches` batches of 2 rows of 64 tokens."""
   directory, index, count, batches = args
-  c = load_config_file(BASE_CONFIG)
+  c = load_config_file(str(BASE_CONFIG))
   c.data.update(source='pretokenized', paths=directory, long_short_ratio=0.0, seq_len=64)
   c.train.batch_size = 2 * count
   it = iter(pipeline.make_train_dataset(c, process_index=index, process_count=count))

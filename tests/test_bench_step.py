@@ -10,7 +10,6 @@ from hybrid_jax.commands import bench as bench_command
 from hybrid_jax.config import ConfigError
 from hybrid_jax.models import flops
 from hybrid_jax.train import metrics
-from tests.conftest import ROOT
 
 SMALL = ['--set', 'model.d_model=32', '--set', 'model.num_layers=2', '--set', 'model.num_heads=4',
          '--set', 'model.head_dim=8', '--set', 'model.d_ff=64', '--set', 'model.window=16']
@@ -20,7 +19,7 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
   """One scanned (2 cycles of [SWA, full]), rematerialised, gradient-accumulated step: the JSON, the model-FLOP
   arithmetic and a profiled breakdown row per block kind and part."""
   out = tmp_path / 'step.json'
-  argv = ['--config', f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', '--seq_len', '64',
+  argv = ['--config', 'hybrid:arch=swa128_nope,scale=tiny', '--seq_len', '64',
           '--batch_size', '4', '--grad_accum', '2', '--steps', '2', '--profile-steps', '1',
           '--trace-dir', str(tmp_path / 'trace'), *SMALL,
           '--set', 'model.num_layers=4', '--set', 'model.scan_layers=True', '--set', 'model.remat=save_dots',
@@ -32,7 +31,7 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
                                                                                            True)
   assert (c['packing'], c['documents']) == ('documents', 16)  # The config's packing: documents of T // 4 tokens.
   assert len(s['step_s_all']) == 2 and s['step_s_median'] > 0 and s['compile_s'] > 0
-  cfg = bench_step.load_config(f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', seq_len=64,
+  cfg = bench_step.load_config('hybrid:arch=swa128_nope,scale=tiny', seq_len=64,
                                overrides=SMALL[1::2] + ['model.num_layers=4'])
   per_token = flops.training_flops_per_token(cfg.model, 64)
   assert s['model_flops_per_token'] == pytest.approx(per_token)
@@ -54,7 +53,7 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
 
   # Compiling from shapes alone gives the same program (the batch of the same packing): the same compiled memory,
   # and nothing runs.
-  same = bench_step.load_config(f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny', seq_len=64, batch_size=4,
+  same = bench_step.load_config('hybrid:arch=swa128_nope,scale=tiny', seq_len=64, batch_size=4,
                                 grad_accum=2, overrides=SMALL[1::2] + ['model.num_layers=4', 'model.scan_layers=True',
                                                                        'model.remat=save_dots'])
   shapes_only = bench_step.compile_only(same)
@@ -63,7 +62,7 @@ def test_step_benchmark_writes_json_with_breakdown(tmp_path, capsys):
 
 
 def test_dry_run_compiles_nothing(capsys):
-  argv = ['--config', f'{ROOT}/configs/hybrid.py:arch=gdn,scale=s4', '--batch_size', '8', '--set',
+  argv = ['--config', 'hybrid:arch=gdn,scale=s4', '--batch_size', '8', '--set',
           'model.remat=save_dots', '--dry-run']
   assert bench_command.main(['step', *argv]) == 0
   text = capsys.readouterr().out
@@ -75,7 +74,7 @@ def test_dry_run_compiles_nothing(capsys):
                                                 ('train.peak_tflops=-1', 'train.peak_tflops')])
 def test_bad_overrides_fail_clearly(override, message):
   with pytest.raises(ConfigError, match=message):
-    bench_step.load_config(f'{ROOT}/configs/hybrid.py', overrides=[override])
+    bench_step.load_config('hybrid', overrides=[override])
 
 
 def test_peak_table_and_mfu():
@@ -123,7 +122,7 @@ def test_the_step_batch_follows_data_packing():
   import numpy as np  # pylint: disable=import-outside-toplevel
   from hybrid_jax.data import pipeline  # pylint: disable=import-outside-toplevel
   from hybrid_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
-  spec = f'{ROOT}/configs/hybrid.py:arch=gdn,scale=tiny'
+  spec = 'hybrid:arch=gdn,scale=tiny'
   config = bench_step.load_config(spec, seq_len=20, batch_size=1)
   assert config.data.packing == 'documents' and bench_step.document_length(config) == 5
   batch = bench_step.make_batch(config, 1, documents=6)

@@ -10,11 +10,11 @@ import pytest
 
 from hybrid_jax import commands
 from hybrid_jax.analysis import scaling_law
-from hybrid_jax.config import BASE_CONFIG
+from hybrid_jax.config import BASE_CONFIG, CONFIG_DIR
 from hybrid_jax.commands import config_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-HYBRID = f'{ROOT}/configs/hybrid.py'
+HYBRID = CONFIG_DIR / 'hybrid.py'  # The packaged grid, by its path.
 TINY = ['--config.model.d_model=32', '--config.model.num_layers=2', '--config.model.head_dim=8',
         '--config.model.d_ff=64', '--config.model.window=16', '--config.data.seq_len=64', '--config.train.batch_size=2',
         '--config.train.progress=False', '--config.eval.batches=1', '--config.train.eval_batches=1',
@@ -57,8 +57,8 @@ def test_command_help_lists_flags_with_defaults(command, flags):
 
 
 def test_packaged_configs_by_name_from_another_directory(tmp_path, capsys):
-  """`--config=hybrid:ARG` from a directory without configs/ is the packaged grid, as is the repository's spelling
-  `configs/hybrid.py:ARG` there; the help says where the keys and their defaults are."""
+  """`--config=hybrid:ARG` from a directory without configs/ is the packaged grid, as is the older spelling
+  `configs/NAME.py:ARG` there; the help says where the keys and their defaults are."""
   by_file = _run('params', f'--config={HYBRID}:arch=gdn,scale=s1')
   assert by_file.returncode == 0 and '"non_embedding"' in by_file.stdout, by_file.stderr
   for spec in ('hybrid:arch=gdn,scale=s1', 'configs/hybrid.py:arch=gdn,scale=s1'):

@@ -71,7 +71,7 @@ def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
             'chips': 1, 'mesh': {'data': 1, 'fsdp': 1, 'sequence': 1, 'tensor': 1}, 'per_chip_batch': 8,
             'grad_accum': accum, 'compile_s': 0.0, 'fits': accum >= 4, 'per_device_bytes': {'peak': 2**30 // accum}}
   monkeypatch.setattr(compile_check, 'compile_step', compile_step)
-  argv = [f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--devices=1',
+  argv = ['--config=hybrid:arch=swa128,scale=tiny', '--devices=1',
           '--config.train.batch_size=8', '--config.data.seq_len=64']
   assert compile_check_command.main(argv) == 3
   advice = capsys.readouterr().err.split('; fits with ')[1].strip()
@@ -250,7 +250,7 @@ def test_fewer_rows_than_chips_is_fixed_by_splitting_each_row(tmp_path):
   no layout (a row that does not fit, not a crash), and the fix is each row over two chips (the data ways the
   other two leave); the table's mesh column names the four axes, the JSON row the fix's mesh."""
   args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--devices=4', '--memory_budget_gib=1',
-          f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.model.num_layers=2',
+          '--config=hybrid:arch=swa128,scale=tiny', '--config.model.num_layers=2',
           '--config.model.d_model=64', '--config.data.seq_len=64', '--config.train.batch_size=2',
           f'--json={tmp_path}/rows.json']
   out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
@@ -270,7 +270,7 @@ def test_a_length_the_sequence_ways_do_not_divide_is_one_line(tmp_path):
   """parallel.sequence=-1 takes the devices the other axes leave, so validation cannot check data.seq_len against
   it: compile-check does, once the mesh is known, in one line."""
   args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--devices=2', '--memory_budget_gib=1',
-          f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.data.seq_len=65',
+          '--config=hybrid:arch=swa128,scale=tiny', '--config.data.seq_len=65',
           '--config.parallel.data=1', '--config.parallel.sequence=-1']
   out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.returncode == 2
@@ -402,7 +402,7 @@ def test_multislice_compiles_with_data_parallelism_across_slices(tmp_path):
   """Two v5e:2x2 slices: the DCN axis becomes data parallelism when the config sets no across-slice shape."""
   pytest.importorskip('libtpu')
   args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--topology=v5e:2x2', '--num_slices=2',
-          f'--config={ROOT}/configs/hybrid.py:arch=gdn,scale=tiny', '--config.model.num_layers=2',
+          '--config=hybrid:arch=gdn,scale=tiny', '--config.model.num_layers=2',
           '--config.model.d_model=64', '--config.data.seq_len=128', f'--json={tmp_path}/rows.json']
   out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from hybrid_jax.commands import build_tfds as build_tfds_command, parsing
-from hybrid_jax.config import ConfigError, load_config_file
+from hybrid_jax.config import BASE_CONFIG, ConfigError, load_config_file
 from hybrid_jax.data import catalog, pipeline, sources, tfds_local, tokenizers
 
-BASE_CONFIG = pathlib.Path(__file__).parents[1] / 'configs' / 'base.py'
 EOS = 256
 
 

@@ -262,8 +262,7 @@ def test_pretokenized_refusals(tmp_path):
 def test_pretokenize_command(tmp_path, capsys):
   write_parquet(tmp_path / 'pq', n_files=2)
   tok = train_tokenizer_json(tmp_path / 'tok')
-  base = os.path.join(os.path.dirname(__file__), '..', 'configs', 'base.py')
-  argv = [f'--config={base}', '--config.data.source=parquet', f'--config.data.paths={tmp_path}/pq/*.parquet',
+  argv = ['--config=base', '--config.data.source=parquet', f'--config.data.paths={tmp_path}/pq/*.parquet',
           f'--config.data.tokenizer={tok}', '--config.model.vocab_size=300', '--out', str(tmp_path / 'out')]
   assert pretokenize_command.main(argv) == 0
   out = capsys.readouterr().out

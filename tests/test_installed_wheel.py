@@ -67,12 +67,15 @@ def test_the_installed_package_runs_from_an_empty_directory(installed):
   imported = _run(['-c', 'import hybrid_jax; print(hybrid_jax.__file__)'], cwd=empty, pythonpath=site)
   assert pathlib.Path(imported.stdout.strip()).resolve().is_relative_to(site.resolve()), imported.stdout
 
-  # The packaged grid by name gives the counts the repository's configs/hybrid.py gives.
+  # The packaged grid by name gives the counts the checkout's package gives, and an experiment file of the
+  # checkout (configs/) runs on the installed package, with S1's exact non-embedding count.
   packaged = _run(['-m', 'hybrid_jax', 'params', '--config=hybrid:arch=gdn,scale=s1'], cwd=empty, pythonpath=site)
-  repository = _run(['-m', 'hybrid_jax', 'params', '--config=configs/hybrid.py:arch=gdn,scale=s1'], cwd=ROOT,
-                    pythonpath=ROOT)
-  assert json.loads(packaged.stdout) == json.loads(repository.stdout)
+  checkout = _run(['-m', 'hybrid_jax', 'params', '--config=hybrid:arch=gdn,scale=s1'], cwd=ROOT, pythonpath=ROOT)
+  assert json.loads(packaged.stdout) == json.loads(checkout.stdout)
   assert json.loads(packaged.stdout)['non_embedding'] > 0
+  experiment = _run(['-m', 'hybrid_jax', 'params', f'--config={ROOT}/configs/nope_fix.py:scale=s1'], cwd=empty,
+                    pythonpath=site)
+  assert json.loads(experiment.stdout)['non_embedding'] == 14_999_424
 
   # The main job (`train` with its default config), made seconds-fast by the suite's small-run overrides.
   workdir = empty / 'run'

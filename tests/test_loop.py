@@ -207,7 +207,7 @@ def test_cli_rejects_bad_config_before_compiling(tmp_path):
 
 def test_cli_params_prints_the_study_counts():
   out = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'params',
-                        f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=s1'], capture_output=True, text=True)
+                        '--config=hybrid:arch=swa128,scale=s1'], capture_output=True, text=True)
   assert out.returncode == 0, out.stderr
   counts = json.loads(out.stdout)
   assert (counts['non_embedding'], counts['embedding'], counts['total']) == (14_999_424, 56_408_064, 71_407_488)

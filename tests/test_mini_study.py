@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.commands import study as study_command
-from hybrid_jax.config import ConfigError, load_config_file
+from hybrid_jax.config import ConfigError, load_config_file, resolve_spec
 from hybrid_jax.data import pipeline, recall, recall_store
 from hybrid_jax.errors import UserError
 from hybrid_jax.models import counting, pattern
@@ -16,7 +16,6 @@ from hybrid_jax.models.mixers import attention
 from hybrid_jax.study import mini, mini_scoring as scoring, presets
 from hybrid_jax.commands import sweep as sweep_cli
 from hybrid_jax.sweep import members as sweep_members
-from tests.conftest import ROOT
 
 
 def _check_report(out, preset, seeds=1):
@@ -126,7 +125,7 @@ def test_parallel_study_trains_through_the_sweep_runner_to_the_same_numbers(tmp_
   assert _numbers(parallel) == _numbers(serial)
   # The sweep finds the runs the study trained in this process completed, the others pending; an override that
   # changes a key defining the trained runs is refused for them.
-  sweep = [f'--sweep={ROOT}/configs/sweep.py:mini,preset=smoke', f'--root={serial}', '--dry-run']
+  sweep = ['--sweep=sweep:mini,preset=smoke', f'--root={serial}', '--dry-run']
   assert sweep_cli.main(['run', *sweep]) == 0
   decisions = [line for line in capsys.readouterr().out.splitlines() if line.startswith('# ')]
   started = [presets.ARCHES[label][0] for label in presets.PRESETS['smoke'].arches
@@ -144,39 +143,39 @@ def test_the_mini_config_file_and_sweep_hold_the_studys_runs(tmp_path):
       arch = presets.ARCHES[label][0]
       expected = presets.run_config(label, preset, 2).to_dict()
       for name in (arch, label):  # An arch name or a study label.
-        config = load_config_file(f'{ROOT}/configs/mini.py:arch={name},preset={preset_name},seed=2')
+        config = load_config_file(resolve_spec(f'mini:arch={name},preset={preset_name},seed=2'))
         assert config.to_dict() == expected and config.name == f'mini_{arch}_seed2'
   smoke = presets.PRESETS['smoke']
-  members = sweep_members.load(f'{ROOT}/configs/sweep.py:mini,preset=smoke,seeds=2', tmp_path)
+  members = sweep_members.load('sweep:mini,preset=smoke,seeds=2', tmp_path)
   expected = [presets.run_config(label, smoke, seed) for seed in range(2) for label in smoke.arches]
   assert [m.name for m in members] == [c.name for c in expected]
   assert [m.workdir for m in members] == [tmp_path / c.name for c in expected]  # The study's run directories.
   assert [m.config.to_dict() for m in members] == [c.to_dict() for c in expected]
   assert members[0].tags[0] == 'sweep:mini,preset=smoke,seeds=2'
-  default = sweep_members.load(f'{ROOT}/configs/sweep.py:mini', tmp_path)
+  default = sweep_members.load('sweep:mini', tmp_path)
   assert len(default) == len(presets.PRESETS['mini'].arches) * presets.PRESETS['mini'].seeds
   assert default[0].config.to_dict() == presets.run_config('SWA-128', presets.PRESETS['mini']).to_dict()
 
 
 @pytest.mark.parametrize('spec, message', [
-    ('configs/mini.py:arch=swa64', "arch='swa64' is invalid: 'swa64' is not one of SWA-128"),
-    ('configs/mini.py:arch=full,preset=huge', "preset='huge' is unknown; allowed: mini"),
-    ('configs/mini.py:arch=full,seed=-1', "seed='-1' is invalid: must be an integer >= 0"),
-    ('configs/mini.py:arch=full,steps=5', "bad argument 'steps=5'"),
-    ('configs/mini.py', 'give arch=NAME'),
-    ('configs/mini.py:arch=swa128_1to3', "preset 'mini' cannot hold SWA-128-1:3: its 2-layer stack of swa/swa/swa/full"
-                                         ' has no full-attention layer; presets with it: mini-deep'),
-    ('configs/sweep.py:mini,seeds=0', "seeds='0' is invalid: must be a positive integer"),
-    ('configs/sweep.py:mini,preset=huge', "preset='huge' is unknown"),
-    ('configs/sweep.py:mini,arch=full', "bad argument 'arch=full'; expected mini,preset=...,seeds=..."),
-    ('configs/sweep.py:main,seeds=2', 'expected main (it takes no arguments)'),
+    ('mini:arch=swa64', "mini config: arch='swa64' is invalid: 'swa64' is not one of SWA-128"),
+    ('mini:arch=full,preset=huge', "mini config: preset='huge' is unknown; allowed: mini"),
+    ('mini:arch=full,seed=-1', "mini config: seed='-1' is invalid: must be an integer >= 0"),
+    ('mini:arch=full,steps=5', "mini config: bad argument 'steps=5'"),
+    ('mini', 'mini config: give arch=NAME'),
+    ('mini:arch=swa128_1to3', "preset 'mini' cannot hold SWA-128-1:3: its 2-layer stack of swa/swa/swa/full"
+                              ' has no full-attention layer; presets with it: mini-deep'),
+    ('sweep:mini,seeds=0', "sweep mini: seeds='0' is invalid: must be a positive integer"),
+    ('sweep:mini,preset=huge', "preset='huge' is unknown"),
+    ('sweep:mini,arch=full', "sweep mini: bad argument 'arch=full'; expected mini,preset=...,seeds=..."),
+    ('sweep:main,seeds=2', "sweep main: bad argument 'seeds=2'; expected main (it takes no arguments)"),
 ])
 def test_bad_mini_config_and_sweep_arguments_are_one_line(spec, message):
   with pytest.raises(UserError) as error:
-    if spec.startswith('configs/mini.py'):
-      load_config_file(f'{ROOT}/{spec}')
+    if spec.startswith('mini'):
+      load_config_file(resolve_spec(spec))
     else:
-      sweep_members.load(f'{ROOT}/{spec}', '/nonexistent')
+      sweep_members.load(spec, '/nonexistent')
   assert message in str(error.value) and '\n' not in str(error.value)
 
 

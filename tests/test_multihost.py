@@ -149,12 +149,12 @@ def test_tpu_pod_launcher_dry_run(capsys):
   assert capsys.readouterr().out.strip() == (
       'gcloud compute tpus tpu-vm create run1 --project=my-proj --zone=us-east5-a --accelerator-type=v5p-64 '
       '--version=v2-alpha-tpuv5')
-  assert tpu_pod.main(['run', *common, '--dry-run', '--', 'train', '--config=configs/hybrid.py:arch=full,scale=s1',
+  assert tpu_pod.main(['run', *common, '--dry-run', '--', 'train', '--config=hybrid:arch=full,scale=s1',
                        '--workdir=/mnt/bucket/run1']) == 0
   run = capsys.readouterr().out.strip()
   assert run == ("gcloud compute tpus tpu-vm ssh run1 --project=my-proj --zone=us-east5-a --worker=all "
                  "'--command=set -o pipefail; cd hybrid_jax && .venv/bin/python -m hybrid_jax train "
-                 "--config=configs/hybrid.py:arch=full,scale=s1 --workdir=/mnt/bucket/run1 2>&1 | tee "
+                 "--config=hybrid:arch=full,scale=s1 --workdir=/mnt/bucket/run1 2>&1 | tee "
                  "~/hybrid_jax_run.log'")
   assert tpu_pod.main(['setup', *common, '--repo=https://example.com/hybrid_jax', '--bucket=bkt', '--dry-run']) == 0
   setup = capsys.readouterr().out.strip()

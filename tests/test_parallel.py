@@ -153,7 +153,7 @@ def test_layouts_follow_the_rules_and_the_report_flags_replicated_tensors():
 
 def test_cli_shardings_report(tmp_path):
   out = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'shardings', '--devices=8',
-                        f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.parallel.fsdp=4',
+                        '--config=hybrid:arch=swa128,scale=tiny', '--config.parallel.fsdp=4',
                         '--config.parallel.tensor=2'], capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr
   assert "mesh {'data': 1, 'fsdp': 4, 'sequence': 1, 'tensor': 2}" in out.stdout
@@ -347,7 +347,7 @@ def test_checkpoint_from_8_devices_restores_on_4_and_1(tmp_path):
 # --------------------------------------------------------------------------------------------- compile check
 def test_compile_check_reports_memory_and_flops_and_fails_over_budget(tmp_path):
   args = [sys.executable, '-m', 'hybrid_jax', 'compile-check', '--devices=8', '--memory_budget_gib=0.001',
-          f'--config={ROOT}/configs/hybrid.py:arch=swa128,scale=tiny', '--config.model.num_layers=2',
+          '--config=hybrid:arch=swa128,scale=tiny', '--config.model.num_layers=2',
           '--config.model.d_model=64', '--config.data.seq_len=64', '--config.parallel.fsdp=4',
           '--config.parallel.tensor=2', '--nofind_fit', f'--json={tmp_path}/rows.json']
   out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS='cpu'))

@@ -11,7 +11,7 @@ from hybrid_jax.study import plan
 from hybrid_jax.commands import plan as plan_command
 from tests.conftest import ROOT
 
-TINY = f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny'
+TINY = 'hybrid:arch=swa128_nope,scale=tiny'
 
 # The tiny SWA-128 hybrid at T = 512 (d 128, 4 layers [swa, full] x 2, 4 heads / 2 KV heads of 32, SwiGLU 320,
 # vocab 257), per token, forward:
@@ -65,11 +65,11 @@ def test_sweep_file_and_cli(tmp_path, capsys):
 
 def test_the_packaged_sweeps_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
   """`--sweep sweep:NAME` is the packaged sweep file; its runs name the packaged configs, so they load wherever the
-  package is installed; the repository's configs/sweep.py gives the same runs."""
+  package is installed; the packaged file by its path gives the same runs."""
   monkeypatch.chdir(tmp_path)
   for name in ('study', 'mini,preset=smoke,seeds=2'):
     runs = config_lib.load_sweep(f'sweep:{name}')
-    assert runs == config_lib.load_sweep(f'{ROOT}/configs/sweep.py:{name}')
+    assert runs == config_lib.load_sweep(f'{config_lib.CONFIG_DIR / "sweep.py"}:{name}')
     assert all(r.startswith('mini:' if name.startswith('mini') else 'hybrid:') for r in runs)
   out = tmp_path / 'launch.txt'
   assert plan_command.main(['--sweep', 'sweep:s5', '--launch-list', str(out)]) == 0
@@ -93,7 +93,7 @@ def _plan_status(argv) -> int:
     (['--runs', TINY, TINY], 'identical'),
     (['--runs', TINY, '--mfu', '40'], 'mfu'),
     (['--sweep', 'configs/no_such_sweep.py:x'], 'does not exist'),
-    (['--sweep', 'configs/sweep.py:nosuch'], "in runs('nosuch'): ValueError: unknown sweep 'nosuch'"),
+    (['--sweep', f'{ROOT}/configs/laziness.py:window=64'], "configs/laziness.py: bad argument 'window=64'"),
     (['--sweep', 'sweep:nosuch'], "sweep file 'sweep'"),
     (['--sweep', 'nosuch:main'], "sweep file 'nosuch' does not exist"),
     (['--runs', TINY, '--tflops', 'inf'], "argument --tflops: 'inf' is invalid"),

@@ -19,7 +19,7 @@ from tests.cli_walk import assert_one_line, parsers_seen, run_main
 from tests.conftest import ROOT, SMALL
 
 HF_FIXTURE = ROOT / 'tests' / 'data' / 'hf' / 'hf_llama_tied'
-BASE = f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny'
+BASE = 'hybrid:arch=swa128_nope,scale=tiny'
 KEY = 'text'  # The key every reader with required keys is asked for (the 'files' source's default text field).
 
 

@@ -56,7 +56,7 @@ def test_a_run_saved_before_a_config_key_existed_still_loads(tiny_run, tmp_path,
   del saved['eval']['position_buckets'], saved['model']['gdn']
   (old / 'config.json').write_text(json.dumps(saved))
   config = runs.load_config(old)
-  assert config.eval.position_buckets == 8 and config.model.gdn.conv_width == 4  # configs/base.py defaults
+  assert config.eval.position_buckets == 8 and config.model.gdn.conv_width == 4  # The packaged base config's defaults.
   assert 'eval.position_buckets' in caplog.text and 'model.gdn' in caplog.text
   # A caller that has read the config hands it to load_run: the run loads without reading (and warning) again.
   caplog.clear()

@@ -1,4 +1,4 @@
-"""Run sizing in configs/hybrid.py (token budgets, stages) and starting a run from another run's parameters."""
+"""Run sizing in the packaged hybrid config (token budgets, stages) and starting a run from another run's parameters."""
 
 import math
 
@@ -7,15 +7,14 @@ import numpy as np
 import pytest
 
 from hybrid_jax.train import runs
-from hybrid_jax.config import ConfigError, validate
+from hybrid_jax.config import ConfigError, resolve_spec, validate
 from hybrid_jax.train import loop, optim, state as state_lib
 from tests.conftest import small_config, study_config
 
 
 def _config(arg):
   from hybrid_jax.config import load_config_file
-  from tests.conftest import ROOT
-  return validate(load_config_file(f'{ROOT}/configs/hybrid.py:{arg}'))
+  return validate(load_config_file(resolve_spec(f'hybrid:{arg}')))
 
 
 def test_budget_sets_steps_from_non_embedding_params():

@@ -23,7 +23,8 @@ from tests.conftest import ROOT, SMALL, wait_for
 # The seconds-fast run of conftest.SMALL, in float32, without the whole-document evaluation.
 OVERRIDES = [f'--config.{section}.{key}={value}' for section, values in SMALL.items() for key, value in values.items()]
 OVERRIDES += ['--config.eval.documents=0', '--config.model.dtype=float32', '--config.train.checkpoint_every=1000']
-BASE = f'{ROOT}/configs/hybrid.py:arch=swa128_nope,scale=tiny'
+BASE = 'hybrid:arch=swa128_nope,scale=tiny'
+EXPERIMENT = f'{ROOT}/configs/nope_fix.py:scale=tiny'  # A checkout's own config file.
 
 
 def _sweep_file(tmp_path, runs):
@@ -147,7 +148,7 @@ def test_tpu_dry_run_prints_each_runs_gcloud_lines_with_its_fit_topology(tmp_pat
   fit = tmp_path / 'fit.json'
   fit.write_text(json.dumps([{'target': 'v5p:4x4x4', 'chips': 64, 'arch': 'swa128_nope', 'scale': 'tiny',
                               'seq_len': 64, 'batch_size': 2, 'fits': True}]))
-  sweep = _sweep_file(tmp_path, [f'{BASE} --config.seed=0'])
+  sweep = _sweep_file(tmp_path, [f'{EXPERIMENT} --config.seed=0'])
   code = sweep_cli.main(['run', f'--sweep={sweep}', '--root=/mnt/bkt/sweep', *OVERRIDES, *TPU_FLAGS, f'--fit={fit}',
                          '--dry-run'])
   lines = capsys.readouterr().out.splitlines()
@@ -156,7 +157,7 @@ def test_tpu_dry_run_prints_each_runs_gcloud_lines_with_its_fit_topology(tmp_pat
                              '--accelerator-type=v5p-128 ')
   assert lines[1].endswith('--spot')
   run = next(line for line in lines if 'hybrid_jax train' in line)
-  assert '--config=configs/hybrid.py:arch=swa128_nope,scale=tiny' in run and '--workdir=/mnt/bkt/sweep/' in run
+  assert '--config=configs/nope_fix.py:scale=tiny' in run and '--workdir=/mnt/bkt/sweep/' in run  # The clone's path.
   assert not pathlib.Path('/mnt/bkt').exists()
 
 
@@ -164,7 +165,7 @@ def test_the_slice_runs_a_packaged_config_by_name_and_a_checkouts_file_by_its_pa
   monkeypatch.chdir(ROOT / 'docs')  # Inside the checkout, but a name is not a path in it.
   assert tpu.remote_spec('hybrid:arch=gdn,scale=s1') == 'hybrid:arch=gdn,scale=s1'
   assert tpu.remote_spec(f'{CONFIG_DIR / "mini.py"}:arch=gdn') == 'mini:arch=gdn'  # The slice's package has it.
-  assert tpu.remote_spec(f'{ROOT}/configs/hybrid.py:arch=gdn') == 'configs/hybrid.py:arch=gdn'  # In the clone.
+  assert tpu.remote_spec(f'{ROOT}/configs/nope_fix.py:scale=s1') == 'configs/nope_fix.py:scale=s1'  # In the clone.
   assert tpu.remote_spec('/elsewhere/mine.py:x') == '/elsewhere/mine.py:x'
 
 

@@ -184,11 +184,9 @@ def test_packed_documents_cost_little_more_memory_at_s1(arch, tpu_devices):
   against the same step on concatenated rows: within 2% for swa128, and gdn held to where it is (+3.2%)."""
   del tpu_devices  # Only for its skip without libtpu.
   from hybrid_jax.compile_check import fit  # pylint: disable=import-outside-toplevel
-  from hybrid_jax.config import load_config_file  # pylint: disable=import-outside-toplevel
-  from tests.conftest import ROOT  # pylint: disable=import-outside-toplevel
   peaks = {}
   for packing in ('concat', 'documents'):
-    config = load_config_file(f'{ROOT}/configs/hybrid.py:arch={arch},scale=s1')
+    config = study_config(arch, 's1')
     config.data.packing = packing
     row = fit.compile_step(validate(config), _v5p())
     assert row['packing'] == packing and row['seq_len'] == 16384

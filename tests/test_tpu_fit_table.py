@@ -73,9 +73,9 @@ def _hybrid_arches():
 
 
 def test_each_context_names_the_sequence_length_its_config_sets():
-  from hybrid_jax.config import load_config_file
+  from hybrid_jax.config import load_config_file, resolve_spec
   for context, (seq_len, context_args) in _script().CONTEXTS.items():
-    config = load_config_file(f'{ROOT}/configs/hybrid.py:arch=swa128,scale=s5{context_args}')
+    config = load_config_file(resolve_spec(f'hybrid:arch=swa128,scale=s5{context_args}'))
     assert config.data.seq_len == seq_len, context
 
 

@@ -199,11 +199,11 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
       (['train', f'--workdir={paths["under_a_file"]}'], ['is a file, so no folder can be made under it']),
       (['train', '--config.train.lr=inf'], ['config.train.lr=inf is invalid']),
       (['params', '--config=/bin/sh'], ["config file '/bin/sh' is not valid Python"]),  # A binary file.
-      (['bench', 'step', '--config=configs/hybrid.py:arch=gdn,scale=tiny', '--set', 'train.lr=inf', '--dry-run'],
+      (['bench', 'step', '--config=hybrid:arch=gdn,scale=tiny', '--set', 'train.lr=inf', '--dry-run'],
        ['config.train.lr=inf is invalid']),
-      (['plan', '--sweep', 'configs/sweep.py:nosuch'], ["in runs('nosuch'): ValueError: unknown sweep 'nosuch'"]),
-      (['compile-check', '--sweep', 'configs/sweep.py:nosuch'], ["in runs('nosuch'): ValueError: unknown sweep 'nosuch'"]),
-      (['plan', '--runs', 'configs/hybrid.py:arch=gdn,scale=s1', '--fit', str(binary)], ['not JSON']),
+      (['plan', '--sweep', 'sweep:nosuch'], ["in runs('nosuch'): ValueError: unknown sweep 'nosuch'"]),
+      (['compile-check', '--sweep', 'sweep:nosuch'], ["in runs('nosuch'): ValueError: unknown sweep 'nosuch'"]),
+      (['plan', '--runs', 'hybrid:arch=gdn,scale=s1', '--fit', str(binary)], ['not JSON']),
       (['compile-check', '--devices=-3'], ["argument --devices: '-3' is invalid: must be a positive integer"]),
       (['compile-check', '--devices=0'], ["argument --devices: '0' is invalid"]),
       (['compile-check', '--memory_budget_gib=-1'], ["argument --memory_budget_gib: '-1' is invalid"]),
@@ -211,7 +211,7 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
       (['bench', 'attention', '--windows', 'abc'], ["argument --windows: 'abc' is invalid"]),
       (['hf', 'import', str(safetensors), '--workdir', str(tmp_path / 'imported')],
        [f'{weights} cannot be read as safetensors']),
-      (['pretokenize', f'--config={ROOT}/configs/base.py', '--config.data.source=recall', '--out', str(tmp_path / 'tok')],
+      (['pretokenize', '--config=base', '--config.data.source=recall', '--out', str(tmp_path / 'tok')],
        ["source='recall' is invalid for pretokenize", 'builtin, files, tfds, parquet']),
       (['eval', '--workdir', str(run), '--tasks', 'ppl'], ['--out (default: WORKDIR/eval)', 'is a file']),
       (['hf', 'export', '--workdir', str(run), '--out', str(run / 'checkpoints' / 'x')], ['is inside']),
@@ -230,7 +230,7 @@ def test_listed_inputs_are_one_line(tmp_path, capsys, paths, tiny_run):
 
 
 def test_an_unknown_tfds_name_is_one_line_with_the_nearest_names(tmp_path, capsys):
-  status, err = run_main(['pretokenize', f'--config={ROOT}/configs/base.py', '--config.data.source=tfds',
+  status, err = run_main(['pretokenize', '--config=base', '--config.data.source=tfds',
                        '--config.data.tfds_name=ag_news_subst', '--out', str(tmp_path / 'tok')], capsys)
   assert_one_line(status, err, "tfds_name='ag_news_subst'", 'Did you mean ag_news_subset')
 

@@ -19,7 +19,7 @@ def parser(command: str, description: str, add_flags=None):
                              epilog=OVERRIDES_HELP)
   p.add_argument('--config', default=DEFAULT_CONFIG, metavar='FILE[:ARG]',
                  help='a packaged config (hybrid, base, mini) or a config file, and its argument '
-                 '(get_config(ARG)), e.g. hybrid:arch=gdn,scale=s1 or configs/hybrid.py:arch=gdn,scale=s1')
+                 '(get_config(ARG)), e.g. hybrid:arch=gdn,scale=s1 or configs/nope_fix.py:scale=s1')
   if add_flags:
     add_flags(p)
   return p

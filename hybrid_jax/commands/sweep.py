@@ -22,7 +22,7 @@ def _run_parser():
   p = parsing.ArgumentParser(prog='python -m hybrid_jax sweep run', description=__doc__.splitlines()[0],
                              epilog='Any config key of every run is overridden with --config.KEY=VALUE.')
   p.add_argument('--sweep', required=True, metavar='FILE:NAME',
-                 help='sweep file (or the packaged sweep) and name, e.g. sweep:main or configs/sweep.py:main')
+                 help='sweep file (or the packaged sweep) and name, e.g. sweep:main or configs/laziness.py:scale=s1')
   p.add_argument('--root', required=True, help='folder of the run directories (a mounted bucket for --backend tpu)')
   p.add_argument('--backend', choices=('local', 'tpu'), default='local',
                  help='local: child processes on this machine; tpu: one Cloud TPU slice per run (launch/tpu_pod.py)')

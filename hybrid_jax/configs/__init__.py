@@ -9,6 +9,6 @@
 Commands name them without a path: `--config=hybrid:arch=gdn,scale=s1`, `--sweep sweep:main`
 (hybrid_jax.config.resolve_path; a file that exists at the given path always wins). They stay config files,
 executed afresh by hybrid_jax.config.load_python_file each time they are read, not modules to import. The
-repository's top-level configs/ holds experiment files that take their config from these; copy one of those to
-start an experiment of your own.
+repository's top-level configs/ holds experiment files that start from these (configs/my_experiment.py is the one
+to copy for an experiment of your own).
 """

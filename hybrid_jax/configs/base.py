@@ -19,8 +19,8 @@ def get_config(arg=None):
 
   # ----------------------------------------------------------------------------------------------- model
   m = c.model = ml_collections.ConfigDict()
-  m.arch = 'swa128_nope'  # Study architecture name (informational here; configs/hybrid.py sets the fields below).
-  m.scale = 'tiny'  # Study scale name (informational; configs/hybrid.py sets the shape fields).
+  m.arch = 'swa128_nope'  # Study architecture name (informational here; the hybrid config sets the fields below).
+  m.scale = 'tiny'  # Study scale name (informational; the hybrid config sets the shape fields).
   m.vocab_size = 257  # Embedding rows; must be >= the tokenizer's vocabulary (byte tokenizer: 256 bytes + EOS).
   m.d_model = 128  # Residual width.
   m.num_layers = 4  # Number of blocks.
@@ -66,8 +66,8 @@ def get_config(arg=None):
   m.remat = 'none'
   m.attention_implementation = 'auto'  # 'auto' | 'xla' | 'reference' | 'cudnn' | 'pallas_gpu' | 'pallas_tpu'.
   # Recurrent mixers (cycle kinds 'lightning', 'mamba2', 'gdn'). Inner shapes are chosen per scale in
-  # configs/hybrid.py so each mixer's parameter count is within 5% of the attention layer's (docs/MIXER_SHAPES.md);
-  # the defaults here match the tiny scale (d_model 128).
+  # hybrid_jax/configs/hybrid.py so each mixer's parameter count is within 5% of the attention layer's
+  # (docs/MIXER_SHAPES.md); the defaults here match the tiny scale (d_model 128).
   m.recurrent_implementation = 'auto'  # 'auto' | 'reference' | 'xla' | 'pallas_gpu' | 'pallas_tpu' (kernels).
   m.recurrent_chunk_size = 64  # Tokens per chunk of the chunked scans.
   # Each mixer's own section (model.lightning, model.mamba2, model.gdn, ...): its keys, defaults and what each

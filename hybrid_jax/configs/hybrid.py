@@ -107,7 +107,7 @@ _ARGS = ('arch', 'scale', 'budget', 'tokens', 'stage', 'init_from', 'rope_base')
 def _parse(arg):
   usage = (f'arch=NAME,scale=NAME with optional budget=M | tokens=T, stage=NAME, init_from=DIR, rope_base=B '
            f'(arches: {", ".join(ARCHES)}; scales: {", ".join(SCALES)}; stages: {", ".join(STAGES)})')
-  fields = {'arch': 'swa128_nope', 'scale': 'tiny', **file_arguments(arg, _ARGS, 'configs/hybrid.py', usage)}
+  fields = {'arch': 'swa128_nope', 'scale': 'tiny', **file_arguments(arg, _ARGS, 'hybrid config', usage)}
   if fields['arch'] not in ARCHES:
     raise ConfigError(f'model.arch={fields["arch"]!r} is unknown; allowed: {", ".join(ARCHES)}')
   if fields['scale'] not in SCALES:
@@ -115,15 +115,15 @@ def _parse(arg):
   if 'stage' in fields and fields['stage'] not in STAGES:
     raise ConfigError(f'stage={fields["stage"]!r} is unknown; allowed: {", ".join(STAGES)}')
   if 'budget' in fields and 'tokens' in fields:
-    raise ConfigError('configs/hybrid.py: give budget=M (x N tokens) or tokens=T, not both')
+    raise ConfigError('hybrid config: give budget=M (x N tokens) or tokens=T, not both')
   if ('init_from' in fields or 'rope_base' in fields) and 'stage' not in fields:
-    raise ConfigError('configs/hybrid.py: init_from / rope_base belong to a stage (e.g. stage=extend32k)')
+    raise ConfigError('hybrid config: init_from / rope_base belong to a stage (e.g. stage=extend32k)')
   if 'stage' in fields and 'init_from' not in fields:
     raise ConfigError(f'stage={fields["stage"]} continues a pretrained run: add init_from=RUN_DIR')
   for key in ('budget', 'tokens', 'rope_base'):
     if key in fields:  # Finite and positive: `budget=inf` or `tokens=1e400` would size an endless run.
       try:
-        fields[key] = float(checks.number(fields[key], f'configs/hybrid.py: {key}', positive=True))
+        fields[key] = float(checks.number(fields[key], f'hybrid config: {key}', positive=True))
       except InputError as e:
         raise ConfigError(str(e)) from None
   return fields

@@ -17,13 +17,12 @@ _USAGE = 'arch=NAME[,preset=NAME][,seed=K]'
 
 
 def get_config(arg=None):
-  fields = {'preset': 'mini', 'seed': '0', **file_arguments(arg, ('arch', 'preset', 'seed'), 'configs/mini.py',
-                                                           _USAGE)}
+  fields = {'preset': 'mini', 'seed': '0', **file_arguments(arg, ('arch', 'preset', 'seed'), 'mini config', _USAGE)}
   if 'arch' not in fields:
-    raise ConfigError(f'configs/mini.py: give {_USAGE}; arches: {", ".join(presets.ARCHES)} '
+    raise ConfigError(f'mini config: give {_USAGE}; arches: {", ".join(presets.ARCHES)} '
                       f'(or {", ".join(arch for arch, _ in presets.ARCHES.values())})')
   if fields['preset'] not in presets.PRESETS:
-    raise ConfigError(f'configs/mini.py: preset={fields["preset"]!r} is unknown; allowed: {", ".join(presets.PRESETS)}')
-  label = presets.label_of(fields['arch'], f'configs/mini.py: arch={fields["arch"]!r}')
-  seed = checks.number(fields['seed'], 'configs/mini.py: seed', integer=True, nonnegative=True)
+    raise ConfigError(f'mini config: preset={fields["preset"]!r} is unknown; allowed: {", ".join(presets.PRESETS)}')
+  label = presets.label_of(fields['arch'], f'mini config: arch={fields["arch"]!r}')
+  seed = checks.number(fields['seed'], 'mini config: seed', integer=True, nonnegative=True)
   return presets.run_config(label, presets.PRESETS[fields['preset']], seed)

@@ -50,7 +50,7 @@ def _mini(preset='mini', seeds=None):
   if preset not in presets.PRESETS:
     raise ValueError(f'preset={preset!r} is unknown; allowed: {", ".join(presets.PRESETS)}')
   if seeds is not None:
-    seeds = checks.number(seeds, 'configs/sweep.py: seeds', integer=True, positive=True)
+    seeds = checks.number(seeds, 'sweep mini: seeds', integer=True, positive=True)
   seeds = presets.PRESETS[preset].seeds if seeds is None else seeds
   return [f'{MINI_CONFIG}:arch={presets.ARCHES[label][0]},preset={preset},seed={seed}' for seed in range(seeds)
           for label in presets.PRESETS[preset].arches]
@@ -74,4 +74,4 @@ def runs(name: str | None = None) -> list[str]:
     raise ValueError(f'unknown sweep {name!r}: choose from {", ".join(SWEEPS)}')
   keys = ARGUMENTS.get(name, ())
   usage = ','.join([name, *(f'{k}=...' for k in keys)]) if keys else f'{name} (it takes no arguments)'
-  return SWEEPS[name](**file_arguments(arg, keys, 'configs/sweep.py', usage))
+  return SWEEPS[name](**file_arguments(arg, keys, f'sweep {name}', usage))

@@ -139,13 +139,13 @@ for name in $step_runs; do
   case "$name" in
     full|swa128_nope|gdn)  # Command buffers off: kernels inside them are traced without their HLO names.
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
-        step "$name" 55 --config "configs/hybrid.py:arch=$name,scale=$scale" --profile-steps "$profile" \
+        step "$name" 55 --config "hybrid:arch=$name,scale=$scale" --profile-steps "$profile" \
         --trace-dir "$work/trace_$name" --set data.packing=concat;;
     gdn_pallas_scan)
-      step "$name" 45 --config "configs/hybrid.py:arch=gdn,scale=$scale" --profile-steps 0 \
+      step "$name" 45 --config "hybrid:arch=gdn,scale=$scale" --profile-steps 0 \
         --set model.recurrent_implementation=pallas_gpu --set data.packing=concat;;
     full_documents|swa128_nope_documents|gdn_documents)
-      step "$name" 45 --config "configs/hybrid.py:arch=${name%_documents},scale=$scale" --profile-steps 0 \
+      step "$name" 45 --config "hybrid:arch=${name%_documents},scale=$scale" --profile-steps 0 \
         --set data.packing=documents;;
     *) echo "unknown step run $name; known: full swa128_nope gdn gdn_pallas_scan full_documents" \
          "swa128_nope_documents gdn_documents" >&2; exit 2;;

@@ -81,7 +81,7 @@ bench() {  # bench NAME PER_RUN_TIMEOUT_S ARGS...: one `bench step` run, time-bo
 }
 
 S4=(--seq_len 16384 --steps 5)
-cfg() { echo "configs/hybrid.py:arch=$1,scale=$2"; }
+cfg() { echo "hybrid:arch=$1,scale=$2"; }
 
 # 1-3: S4 baseline, batch 8, scanned layers, remat per block, LM head + loss in 2048-position chunks (the study
 # default), with the profiled breakdown by part.
