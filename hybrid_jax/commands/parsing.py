@@ -16,7 +16,13 @@ USAGE_ERROR = 2
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-  """Shows each flag's default and keeps the description's line breaks."""
+  """Shows each flag's default and keeps the description's line breaks. A help text that says its default itself
+  (`(default: the newest)`), or a flag whose default is None, gets no second, meaningless `(default: None)`."""
+
+  def _get_help_string(self, action):
+    if action.default is None or '(default' in (action.help or ''):
+      return action.help
+    return super()._get_help_string(action)
 
 
 class ArgumentParser(argparse.ArgumentParser):
