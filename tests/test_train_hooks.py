@@ -217,10 +217,10 @@ def test_the_mini_study_takes_an_early_stop_as_finished_and_a_smaller_cap_as_res
   assert mini._finished(tmp_path, 5000) is None
 
 
-def test_mini_converge_resumes_the_mini_runs_and_watches_recall_beyond_the_large_window():
+def test_mini_resumes_the_5000_step_runs_and_watches_recall_beyond_the_large_window():
   from hybrid_jax.study import mini_scoring, presets
   from hybrid_jax.train import config_history
-  mini, converge = presets.PRESETS['mini'], presets.PRESETS['mini-converge']
+  mini, converge = presets.PRESETS['mini-5k'], presets.PRESETS['mini']
   for label in converge.arches:
     before, after = presets.run_config(label, mini), presets.run_config(label, converge)
     assert before.name == after.name  # The same run directories.

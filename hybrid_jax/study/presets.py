@@ -151,27 +151,26 @@ _MINI = dict(scale='tiny', seq_len=64, small_window=8, middle_window=16, large_w
              batch_size=16, probe_every=250, distance_ranges=((3, 8), (12, 32), (36, 56)), recall=_TASK,
              mixers=_MIXERS_64, train=_OPTIMIZER, parallel=2)
 PRESETS = {
-    # 16 rows a step, 5,000 steps: nine arches a seed instead of four. A step of 16 rows takes 42 ms on one core
-    # against 95 ms for 32 (SWA-128; GDN 69 against 117 ms), so a run costs 2.3-2.7x less than the former 32 x 6,000.
-    # At seed 0 seven of nine arches learn every bucket (>= 0.96); Full and SWA-128-NoPE, the slowest formers at 32
-    # rows too, form in 2 of 5 seeds each by step 5,000 (BENCHMARKS.md, "The mini-study").
-    # One seed of the nine arches: 23:52 on 2 cores.
-    'mini': Preset(**_MINI, model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, note='2 CPU cores, two runs at a time'),
+    # Every arch of the one-cycle stack trained until its long-range retrieval has formed, within a cap of 20,000
+    # steps: a run stops once recall beyond the large window is >= 0.95 at two probes in a row, so the verdicts
+    # about converged models read formed runs, not slow formers cut off at a fixed budget. Warmup and checkpoints
+    # as in mini-5k, so its run directories resume here (a run already formed stops without training). Probes
+    # every 50 steps up to 2,500 (the earliest formations are near step 2,000), every 250 after. 16 rows a step (a
+    # step of 32 rows costs more than twice as much). One seed of the nine arches: 26 minutes on 2 cores, every arch
+    # formed (SWA-512 last, at step 11,250; BENCHMARKS.md, "The mini-study").
+    'mini': Preset(**{**_MINI, 'steps': 20000,
+                      'train': _OPTIMIZER + (('warmup_steps', 500), ('checkpoint_every', 2500))},
+                   model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, stop_when_formed=True,
+                   dense_probe_every=50, dense_probe_until=2500,
+                   note='2 CPU cores, two runs at a time; until formed, at most 20,000 steps'),
+    # The same runs at a fixed 5,000 steps, where Full and SWA-128-NoPE, the slowest formers, form in 2 of 5 seeds
+    # each (the 5,000-step verdicts of BENCHMARKS.md, "The mini-study"). One seed of the nine arches: 23:52.
+    'mini-5k': Preset(**_MINI, model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES,
+                      note='2 CPU cores, two runs at a time; 5,000 steps'),
     # Two cycles (sliding / full / sliding / full; 1:3 as three sliding layers under one full layer), so a sliding
     # layer above a full one can retrieve inside its window: the study's mechanism of laziness can act here.
     'mini-deep': Preset(**_MINI, model=_SMALL_MODEL + (('num_layers', 4),),
                         note='2 CPU cores, two runs at a time; four layers'),
-    # The mini preset's runs trained until formed, within a cap of 20,000 steps: a run stops once recall beyond the
-    # large window is >= 0.95 at two probes in a row, so a verdict about converged models reads formed runs, not
-    # slow formers cut off at 5,000 steps. The same run directories and every key that defines a run unchanged
-    # (warmup and checkpoints as in mini), so the mini runs resume from their 5,000-step checkpoints; one already
-    # formed there stops without training. Probes every 50 steps up to 2,500 (the earliest formations were near
-    # step 1,750), every 250 after.
-    'mini-converge': Preset(**{**_MINI, 'steps': 20000,
-                               'train': _OPTIMIZER + (('warmup_steps', 500), ('checkpoint_every', 2500))},
-                            model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, stop_when_formed=True,
-                            dense_probe_every=50, dense_probe_until=2500,
-                            note='2 CPU cores, two runs at a time; until formed, at most 20,000 steps'),
     # The mini preset's task and heads at a 256-byte context, d_model 128, 4 layers (two cycles, so a
     # sliding layer sits above a full one), 8 records per document, every arch, one seed: sized by arithmetic from
     # the CPU runs for one H200 (not yet measured there; BENCHMARKS.md).
