@@ -11,14 +11,7 @@ Numerics as in the scalar-decay scan: fp32 gates and states, exponents <= 0 and 
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.kernels.linear_scan.xla import decay_matrix
-from hybrid_jax.kernels.linear_scan.xla import finish
-from hybrid_jax.kernels.linear_scan.xla import fold
-from hybrid_jax.kernels.linear_scan.xla import initial
-from hybrid_jax.kernels.linear_scan.xla import mm
-from hybrid_jax.kernels.linear_scan.xla import segment_sums
-from hybrid_jax.kernels.linear_scan.xla import to_chunks
-from hybrid_jax.kernels.linear_scan.xla import unfold
+from hybrid_jax.kernels.xla_scan_common import decay_matrix, finish, fold, initial, mm, segment_sums, to_chunks, unfold
 
 
 @jax.custom_vjp
