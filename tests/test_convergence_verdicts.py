@@ -11,7 +11,7 @@ from hybrid_jax.study import convergence, mini_scoring as scoring, presets, verd
 from hybrid_jax.study.verdicts import NOT_ASSESSABLE, NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED
 
 BETWEEN = presets.BUCKETS[1]
-FAR, FARTHER = presets.BEYOND_CONTEXT, 'at 4x the training length'
+FAR, FARTHER = presets.at_factor(presets.BEYOND_CONTEXT, 2), presets.at_factor(presets.BEYOND_CONTEXT, 4)
 STEPS = [250, 500, 750, 1000, 1250]
 
 
@@ -130,7 +130,8 @@ def test_the_summary_keys_runs_by_seed_with_how_they_formed():
               f'probe_qk_grad_layer0_{names[1]}': [(250, 3.0), (500, 3.0)]}
     bucket = {'buckets': [{'accuracy': 1.0}] * 3, 'accuracy': 0.9, 'layers': []}
     return {'label': 'Full', 'seed': seed, 'steps': 1250, 'recall': bucket, 'restricted': bucket, 'curves': curves,
-            'extrapolation': {'buckets': [{'accuracy': a} for a in (1.0, 0.9, 0.8, 0.4)]},
+            'extrapolation': [{'factor': 2, 'buckets': [{'accuracy': a} for a in (1.0, 0.9, 0.8, 0.4)]},
+                              {'factor': 4, 'buckets': [{'accuracy': a} for a in (1.0, 0.9, 0.7, 0.1)]}],
             'packed_held_out_loss': 1.1}
   runs = {'b': run(3, [0.2, 0.96, 0.97, 1.0, 1.0]), 'a': run(1, [0.2, 0.96, 0.2, 0.96, 0.5])}
   per_seed = scoring.summarize(runs, p)['Full']['per_seed']
@@ -138,6 +139,8 @@ def test_the_summary_keys_runs_by_seed_with_how_they_formed():
   assert per_seed[3]['formed'] and per_seed[3]['formation_step'] == 500 and per_seed[3]['formed_at'] == 750
   assert per_seed[1]['formed'] is False and per_seed[1]['formation_step'] is None  # capped
   assert per_seed[3]['recall']['all'] == 0.9 and per_seed[3]['extrapolation'][FAR] == 0.4
+  assert per_seed[3]['extrapolation'][FARTHER] == 0.1  # each length's buckets under its own names
+  assert per_seed[3]['extrapolation'][presets.at_factor(BETWEEN, 4)] == 0.9
   assert per_seed[3]['held_out_loss'] == 1.1
   # Gradient share: norm over the full layers per bucket (3, 5, 5), over their sum.
   assert per_seed[3]['gradient_share'][BETWEEN] == [(250, pytest.approx(5 / 13)), (500, pytest.approx(5 / 13))]

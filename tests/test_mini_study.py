@@ -44,13 +44,15 @@ def _check_report(out, preset, seeds=1):
         for key in ('recall_mass_layer', 'recall_ablation_layer', 'qk_grad_layer'):
           assert f'probe_{key}{layer}_{n}' in r['curves'], (key, layer, n)
     assert len(r['gradient_signal']) == 3 and all(g > 0 for g in r['gradient_signal'])
-    # Documents of twice the training length, scored by distance up to beyond the training context.
-    ext = r['extrapolation']['buckets']
-    assert [(b['low'], b['high']) for b in ext] == list(zip(p.extrapolation_edges, p.extrapolation_edges[1:]))
-    assert ext[-1]['queries'] > 0 and ext[-1]['low'] == p.seq_len
+    # Documents of 2x and 4x the training length, scored by distance up to beyond the training context.
+    assert [x['factor'] for x in r['extrapolation']] == list(p.extrapolation_factors) == [2, 4]
+    for x in r['extrapolation']:
+      edges = p.extrapolation_edges(x['factor'])
+      assert [(b['low'], b['high']) for b in x['buckets']] == list(zip(edges, edges[1:]))
+      assert x['buckets'][-1]['queries'] > 0 and x['buckets'][-1]['low'] == p.seq_len
   for label, e in report['summary'].items():
     assert set(e['accuracy']) == set(presets.BUCKETS) | {'all'} and len(e['seeds']) == seeds
-    assert set(e['extrapolation']) == set(presets.EXTRAPOLATION_BUCKETS) and e['held_out_loss']['mean'] > 0
+    assert list(e['extrapolation']) == p.extrapolation_names and e['held_out_loss']['mean'] > 0
     assert e['full_layers'] and any(label in line for line in report['findings'])
   assert [v.split(':')[0] for v in report['verdicts']] == [
       'Where retrieval lives (sliding-window hybrids)', 'Where retrieval lives (recurrent hybrids)',
@@ -211,8 +213,10 @@ def test_windows_and_distances_follow_the_preset():
     # One range per bucket: inside the small window, between the windows, beyond the large one.
     assert highs[:2] == [p.small_window, p.large_window] and highs[2] <= p.seq_len
     assert lows[1] > p.small_window and lows[2] > p.large_window
-    long = presets.extrapolation_data(presets.run_config('Full', p).data, p)  # valid, and beyond the training context
-    assert long.seq_len == 2 * p.seq_len and long.recall.distance_ranges[-1][0] > p.seq_len
+    for factor in p.extrapolation_factors:  # valid, and beyond the training context
+      long = presets.extrapolation_data(presets.run_config('Full', p).data, p, factor)
+      lo, hi = long.recall.distance_ranges[-1]
+      assert long.seq_len == factor * p.seq_len and lo > p.seq_len and hi <= (factor - 0.5) * p.seq_len
 
 
 def test_recurrent_mixers_match_the_attention_layer_within_5_percent():

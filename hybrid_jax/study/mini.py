@@ -31,8 +31,8 @@ from hybrid_jax.train import runs as runs_lib
 from hybrid_jax.config import CONFIG_DIR, ConfigError
 from hybrid_jax.data import pipeline, recall, recall_store
 from hybrid_jax.study import mini_report, mini_scoring as scoring, verdicts
-from hybrid_jax.study.presets import (ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS, Preset, extrapolation_data,
-                                      run_config)
+from hybrid_jax.study.presets import (ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS, Preset, at_factor,
+                                      extrapolation_data, run_config)
 from hybrid_jax.sweep import local as sweep_local, members as sweep_members, record as sweep_record
 from hybrid_jax.sweep import runner as sweep_runner
 
@@ -183,7 +183,8 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
   if seeds < 1:
     raise ConfigError(f'--seeds={seeds} is invalid: must be >= 1')
   arches = list(preset.arches) if arches is None else arches
-  extrapolation_data(run_config(arches[0], preset).data, preset)  # An impossible preset fails before training.
+  for factor in preset.extrapolation_factors:  # An impossible preset fails before training.
+    extrapolation_data(run_config(arches[0], preset).data, preset, factor)
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   results, started = {}, time.perf_counter()
@@ -199,8 +200,11 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
           print(f'[{label} seed {seed}] {time.perf_counter() - tic:.0f} s', flush=True)
   report = {'preset': preset_name, 'settings': dataclasses.asdict(preset), 'seeds': list(range(seeds)),
             'arches': list(ARCHES), 'edges': preset.edges, 'buckets': list(BUCKETS), 'fine_edges': preset.fine_edges,
-            'extrapolation_length': preset.extrapolation_length, 'extrapolation_edges': preset.extrapolation_edges,
-            'extrapolation_buckets': list(EXTRAPOLATION_BUCKETS), 'probe_names': scoring.probe_names(preset),
+            'extrapolation': [{'factor': f, 'length': preset.extrapolation_length(f),
+                               'edges': preset.extrapolation_edges(f),
+                               'buckets': [at_factor(b, f) for b in EXTRAPOLATION_BUCKETS]}
+                              for f in preset.extrapolation_factors],
+            'probe_names': scoring.probe_names(preset),
             'formation_threshold': preset.formation_threshold,
             'wall_time_s': time.perf_counter() - started, 'runs': results}
   report['summary'] = scoring.summarize(results, preset)

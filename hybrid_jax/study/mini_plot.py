@@ -39,8 +39,9 @@ def _bars(ax, report: dict, key: str, buckets, edges, title: str) -> None:
 
 
 def plot_report(report: dict, path) -> None:
-  """Eight panels: train loss; recall by distance as trained, restricted and at twice the training length; recall,
-  each full layer's head-ablation score and the gradient to its queries and keys over training; the verdicts."""
+  """Eight panels: train loss; recall by distance as trained, restricted and at the longest extrapolation length;
+  recall, each full layer's head-ablation score and the gradient to its queries and keys over training; the
+  verdicts."""
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   settings, names, buckets = report['settings'], report['probe_names'], report['buckets']
   labels = list(report['summary'])
@@ -56,8 +57,9 @@ def plot_report(report: dict, path) -> None:
   _bars(axes[0, 1], report, 'accuracy', buckets, report['edges'], 'recall accuracy, as trained')
   _bars(axes[0, 2], report, 'restricted', buckets, report['edges'],
         f"full layers restricted to {settings['small_window']} tokens")
-  _bars(axes[0, 3], report, 'extrapolation', report['extrapolation_buckets'], report['extrapolation_edges'],
-        f"documents of {report['extrapolation_length']} tokens ({settings['seq_len']} in training)")
+  longest = report['extrapolation'][-1]
+  _bars(axes[0, 3], report, 'extrapolation', longest['buckets'], longest['edges'],
+        f"documents of {longest['length']} tokens ({settings['seq_len']} in training)")
   ax = axes[1, 0]
   for label in labels:
     curve = mean_curve(report, label, f'probe_recall_accuracy_{names[2]}')

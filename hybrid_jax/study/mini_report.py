@@ -2,7 +2,7 @@
 
 from hybrid_jax.study import convergence, verdicts
 from hybrid_jax.study.presets import (ARCHES, BEYOND_CONTEXT, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS,
-                                      RECURRENT_ARCHES, WINDOW_ARCHES, Preset, run_config)
+                                      RECURRENT_ARCHES, WINDOW_ARCHES, Preset, at_factor, run_config)
 from hybrid_jax.study.verdicts import pm
 
 _BETWEEN, _BEYOND = BUCKETS[1], BUCKETS[2]
@@ -40,7 +40,7 @@ def judge(summary: dict, preset: Preset) -> list:
           verdicts.laziness(summary, WINDOW_ARCHES, preset.probe_every, preset.steps, lazy_caveat),
           verdicts.gradient_mechanism(summary, WINDOW_ARCHES, _BETWEEN, lazy_caveat),
           verdicts.emergence_vs_final(summary),
-          verdicts.nope(summary, [b for b in EXTRAPOLATION_BUCKETS if b not in BUCKETS])]
+          verdicts.nope(summary, [at_factor(BEYOND_CONTEXT, f) for f in preset.extrapolation_factors])]
 
 
 def _formed(f: dict, what: str, steps: int, probe_every: int, seeds: int) -> str:
@@ -75,8 +75,8 @@ def findings(report: dict) -> list[str]:
       f"windows 128 / 512 / 2048 are {p['small_window']} / {p['middle_window']} / {p['large_window']} tokens here. "
       f"Distance buckets: inside the small window (d <= {p['small_window']}), between the windows "
       f"({p['small_window']} < d <= {p['large_window']}), beyond the large window (d > {p['large_window']}), and at "
-      f"twice the training length {BEYOND_CONTEXT} (d > {p['seq_len']}); a query is correct when every answer byte "
-      f"is the argmax under teacher forcing; {p['eval_documents']} held-out documents per run; ± is the standard "
+      f"{' and '.join(f'{f}x' for f in p['extrapolation_factors'])} the training length {BEYOND_CONTEXT} "
+      f"(d > {p['seq_len']}); a query is correct when every answer byte is the argmax under teacher forcing; {p['eval_documents']} held-out documents per run; ± is the standard "
       f"deviation across seeds."]
   for label, e in summary.items():
     lines.append(f'{label}: recall ' + ', '.join(f'{b} {pm(e["accuracy"][b])}' for b in BUCKETS) +
@@ -84,8 +84,9 @@ def findings(report: dict) -> list[str]:
                  f"; with its full-attention layers restricted to the last {p['small_window']} tokens: " +
                  ', '.join(f'{b} {pm(e["restricted"][b])}' for b in BUCKETS) + '; drop ' +
                  ', '.join(f'{b} {pm(e["drop"][b])}' for b in BUCKETS[1:]) +
-                 f"; at {report['extrapolation_length']} tokens: " +
-                 ', '.join(f'{b} {pm(e["extrapolation"][b])}' for b in EXTRAPOLATION_BUCKETS) +
+                 ''.join(f"; at {x['length']} tokens: " +
+                         ', '.join(f'{b} {pm(e["extrapolation"][at_factor(b, x["factor"])])}'
+                                   for b in EXTRAPOLATION_BUCKETS) for x in report['extrapolation']) +
                  f"; held-out loss {pm(e['held_out_loss'], 4)}.")
   for label, e in summary.items():
     mass = [f"layer {layer}: {_BETWEEN} {pm(by_bucket[_BETWEEN])}, {_BEYOND} {pm(by_bucket[_BEYOND])}"

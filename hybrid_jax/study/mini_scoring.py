@@ -1,8 +1,8 @@
 """The mini-study's numbers: one trained run scored, and the runs of each arch summarised over seeds.
 
 A run is scored on held-out recall documents by distance bucket (hybrid_jax.study.presets.BUCKETS): as trained,
-with its full-attention layers restricted to the small window (hybrid_jax.inspection.windowed), on documents twice
-the training length, and by head ablation (hybrid_jax.eval.recall_mechanism). Its probe curves (logged during
+with its full-attention layers restricted to the small window (hybrid_jax.inspection.windowed), on documents of 2x
+and 4x the training length, and by head ablation (hybrid_jax.eval.recall_mechanism). Its probe curves (logged during
 training) give when retrieval formed and the gradient signal that reached the full layers before it did; whether a
 run formed by the stopping rule (hybrid_jax.study.convergence) is read from the same curves.
 """
@@ -17,7 +17,7 @@ from hybrid_jax.analysis import callbacks
 from hybrid_jax.inspection.windowed import Restriction
 from hybrid_jax.eval import recall as recall_eval, recall_mechanism
 from hybrid_jax.study import convergence
-from hybrid_jax.study.presets import ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, Preset, extrapolation_data
+from hybrid_jax.study.presets import ARCHES, BUCKETS, EXTRAPOLATION_BUCKETS, Preset, at_factor, extrapolation_data
 from hybrid_jax.study.verdicts import spread
 from hybrid_jax.train import metrics as metrics_lib
 
@@ -36,7 +36,7 @@ def curves(workdir) -> dict:
 
 def evaluate(run, preset: Preset) -> dict:
   """Recall by distance as trained, with the full-attention layers restricted to the small window, on documents
-  of twice the training length, and the recall each full head carries (head ablation)."""
+  of each extrapolation factor x the training length, and the recall each full head carries (head ablation)."""
   held = recall_eval.held_out(run.config.data, preset.eval_documents)
   out = {}
   for name, restriction in (('recall', None), ('restricted', Restriction('full', preset.small_window))):
@@ -44,10 +44,12 @@ def evaluate(run, preset: Preset) -> dict:
     correct, mass = evaluator.run(run.params)
     out[name] = evaluator.summary(correct, mass)
     out[f'{name}_fine'] = recall_eval.score(correct, held.distances, preset.fine_edges)
-  long_held = recall_eval.held_out(extrapolation_data(run.config.data, preset), preset.eval_documents)
-  correct, _ = recall_eval.RecallEval(run.model_def, run.config.model, long_held, preset.extrapolation_edges).run(
-      run.params)
-  out['extrapolation'] = recall_eval.score(correct, long_held.distances, preset.extrapolation_edges)
+  out['extrapolation'] = []
+  for factor in preset.extrapolation_factors:
+    long_held = recall_eval.held_out(extrapolation_data(run.config.data, preset, factor), preset.eval_documents)
+    edges = preset.extrapolation_edges(factor)
+    correct, _ = recall_eval.RecallEval(run.model_def, run.config.model, long_held, edges).run(run.params)
+    out['extrapolation'].append({'factor': factor, **recall_eval.score(correct, long_held.distances, edges)})
   out['ablation'] = recall_mechanism.RecallMechanism(run.model_def, run.config.model, held, preset.edges).ablation(
       run.params)
   return out
@@ -144,13 +146,18 @@ def per_seed(run: dict, preset: Preset) -> dict:
   formed (converged), its final recall by bucket ('all': every query), recall at the extrapolation length by
   bucket, held-out loss, and its gradient share by bucket (gradient_share)."""
   recall = {bucket: run['recall']['buckets'][j]['accuracy'] for j, bucket in enumerate(BUCKETS)}
-  extrapolation = ({bucket: run['extrapolation']['buckets'][j]['accuracy']
-                    for j, bucket in enumerate(EXTRAPOLATION_BUCKETS)} if 'extrapolation' in run else {})
+  extrapolation = extrapolation_recall(run)
   curves = run.get('curves', {})
   return {**converged(curves, preset), 'steps': run.get('steps'),
           'recall': {**recall, 'all': run['recall']['accuracy']}, 'extrapolation': extrapolation,
           'held_out_loss': run.get('packed_held_out_loss'),
           'gradient_share': dict(zip(BUCKETS, gradient_share(curves, preset)))}
+
+
+def extrapolation_recall(run: dict) -> dict:
+  """A run's recall at each extrapolation length by bucket, keyed by presets.at_factor names."""
+  return {at_factor(bucket, score['factor']): score['buckets'][j]['accuracy']
+          for score in run.get('extrapolation', ()) for j, bucket in enumerate(EXTRAPOLATION_BUCKETS)}
 
 
 def _full_layers(result: dict) -> list[int]:
@@ -190,9 +197,9 @@ def summarize(runs: dict, preset: Preset) -> dict:
       entry['drop'][bucket] = spread([a - b for a, b in zip(acc, res) if a is not None and b is not None])
       entry['gradient_signal'][bucket] = spread([r['gradient_signal'][j] for r in seeds if 'gradient_signal' in r])
     entry['accuracy']['all'] = spread([r['recall']['accuracy'] for r in seeds])
-    for j, bucket in enumerate(EXTRAPOLATION_BUCKETS):
-      entry['extrapolation'][bucket] = spread([r['extrapolation']['buckets'][j]['accuracy'] for r in seeds
-                                               if 'extrapolation' in r])
+    extrapolation = [extrapolation_recall(r) for r in seeds]
+    for name in preset.extrapolation_names:
+      entry['extrapolation'][name] = spread([e[name] for e in extrapolation if name in e])
     entry['held_out_loss'] = spread([r.get('packed_held_out_loss') for r in seeds])
     for layer in seeds[0]['recall']['layers']:
       if layer['role'] not in ('full', 'headwise'):  # The layers with full-attention heads.

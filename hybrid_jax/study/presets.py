@@ -30,6 +30,11 @@ BEYOND_CONTEXT = 'beyond the training context'
 EXTRAPOLATION_BUCKETS = BUCKETS + (BEYOND_CONTEXT,)
 
 
+def at_factor(bucket: str, factor: int) -> str:
+  """The name of an extrapolation bucket scored on documents of `factor` x the training length."""
+  return f'{bucket} at {factor}x'
+
+
 @dataclasses.dataclass(frozen=True)
 class Preset:
   scale: str
@@ -72,6 +77,8 @@ class Preset:
   # is seen finely where the early formers form (0 and 0: probe_every throughout).
   dense_probe_every: int = 0
   dense_probe_until: int = 0
+  # Recall beyond the training context is scored on documents of each of these multiples of the training length.
+  extrapolation_factors: tuple = (2, 4)
   note: str = ''
 
   @property
@@ -92,23 +99,28 @@ class Preset:
     powers = [2 ** k for k in range(1, 31) if 2 ** k < self.seq_len]
     return sorted({0, *powers, self.small_window, self.middle_window, self.large_window, self.seq_len})
 
-  @property
-  def extrapolation_length(self) -> int:
-    """Length of the documents that test recall beyond the training context: twice the training length."""
-    return 2 * self.seq_len
+  def extrapolation_length(self, factor: int) -> int:
+    """Length of the documents that test recall beyond the training context at `factor` x the training length."""
+    return factor * self.seq_len
+
+  def extrapolation_edges(self, factor: int) -> list[int]:
+    return self.edges + [self.extrapolation_length(factor)]
 
   @property
-  def extrapolation_edges(self) -> list[int]:
-    return self.edges + [self.extrapolation_length]
+  def extrapolation_names(self) -> list[str]:
+    """Every extrapolation bucket's name (at_factor), factor by factor, in EXTRAPOLATION_BUCKETS order."""
+    return [at_factor(bucket, f) for f in self.extrapolation_factors for bucket in EXTRAPOLATION_BUCKETS]
 
   def window(self, role: str | None) -> int | None:
     """The preset's window for a role of ARCHES (None: the arch has no sliding layer)."""
     return {'small': self.small_window, 'middle': self.middle_window, 'large': self.large_window, None: None}[role]
 
-  def extrapolation_ranges(self, longest: int) -> tuple:
+  def extrapolation_ranges(self, longest: int, factor: int) -> tuple:
     """The training distance ranges plus one beyond the training context, up to `longest` (the longest distance a
-    record fits at the extrapolation length) and at most 1.5 x the training length (room for every pair)."""
-    return tuple(self.distance_ranges) + ((self.seq_len + 1, min(longest, self.seq_len + self.seq_len // 2)),)
+    record fits at the extrapolation length) and at most half the training length short of that length (room for
+    every pair): at 2x, distances up to 1.5x the training length; at 4x, up to 3.5x."""
+    top = self.extrapolation_length(factor) - self.seq_len // 2
+    return tuple(self.distance_ranges) + ((self.seq_len + 1, min(longest, top)),)
 
 
 # The mini task: 4 key-value records per document, keys of one of 16 letters, one-digit values (chance 0.1), written
@@ -247,13 +259,13 @@ def run_config(label: str, preset: Preset, seed: int = 0):
   return validate(c)
 
 
-def extrapolation_data(data_cfg, preset: Preset):
-  """The run's data config at the extrapolation length, with a distance range beyond the training context."""
+def extrapolation_data(data_cfg, preset: Preset, factor: int):
+  """The run's data config at `factor` x the training length, with a distance range beyond the training context."""
   data = copy.deepcopy(data_cfg)
   r = data.recall
-  longest = preset.extrapolation_length - r.key_length - 2 * r.value_length + 1
-  data.seq_len = preset.extrapolation_length
-  data.recall.distance_ranges = preset.extrapolation_ranges(longest)
+  longest = preset.extrapolation_length(factor) - r.key_length - 2 * r.value_length + 1
+  data.seq_len = preset.extrapolation_length(factor)
+  data.recall.distance_ranges = preset.extrapolation_ranges(longest, factor)
   data.recall.distance_weights = (1.0,) * len(data.recall.distance_ranges)
   recall_data.settings(data)  # Checked here, so an impossible preset fails before any training.
   return data
