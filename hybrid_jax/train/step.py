@@ -17,6 +17,7 @@ import optax
 
 from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import activations
+from hybrid_jax.train import cpu_dots
 
 
 def token_nll(logits, targets):
@@ -169,9 +170,10 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
     return new_state, metrics
 
   if shardings is None:
-    return jax.jit(train_step, donate_argnums=0)
+    return jax.jit(train_step, donate_argnums=0, compiler_options=cpu_dots.compiler_options(jax.devices()[:1]))
   return jax.jit(train_step, donate_argnums=0, in_shardings=(shardings.state, shardings.batch),
-                 out_shardings=(shardings.state, shardings.replicated))
+                 out_shardings=(shardings.state, shardings.replicated),
+                 compiler_options=cpu_dots.compiler_options(shardings.mesh.devices.flat))
 
 
 def make_eval_step(model_def, shardings=None, loss_chunk: int = 0):
