@@ -183,8 +183,9 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
   if seeds < 1:
     raise ConfigError(f'--seeds={seeds} is invalid: must be >= 1')
   arches = list(preset.arches) if arches is None else arches
+  data = run_config(arches[0], preset).data
   for factor in preset.extrapolation_factors:  # An impossible preset fails before training.
-    extrapolation_data(run_config(arches[0], preset).data, preset, factor)
+    extrapolation_data(data, preset, factor)
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   results, started = {}, time.perf_counter()

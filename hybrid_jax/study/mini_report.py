@@ -76,8 +76,8 @@ def findings(report: dict) -> list[str]:
       f"Distance buckets: inside the small window (d <= {p['small_window']}), between the windows "
       f"({p['small_window']} < d <= {p['large_window']}), beyond the large window (d > {p['large_window']}), and at "
       f"{' and '.join(f'{f}x' for f in p['extrapolation_factors'])} the training length {BEYOND_CONTEXT} "
-      f"(d > {p['seq_len']}); a query is correct when every answer byte is the argmax under teacher forcing; {p['eval_documents']} held-out documents per run; ± is the standard "
-      f"deviation across seeds."]
+      f"(d > {p['seq_len']}); a query is correct when every answer byte is the argmax under teacher forcing; "
+      f"{p['eval_documents']} held-out documents per run; ± is the standard deviation across seeds."]
   for label, e in summary.items():
     lines.append(f'{label}: recall ' + ', '.join(f'{b} {pm(e["accuracy"][b])}' for b in BUCKETS) +
                  ' (answer bytes right: ' + ', '.join(pm(e['byte_accuracy'][b]) for b in BUCKETS) + ')' +

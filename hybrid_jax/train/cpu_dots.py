@@ -7,8 +7,8 @@ with training curves equal to within 2e-7 (docs/notebook/training_step_cpu.md, "
 PyTorch").
 
 XLA cannot serialise a program holding oneDNN calls into the persistent compilation cache: with a cache configured
-every such compile would warn and be compiled again in each process, so then the step keeps XLA's own dots (a
-cached compile saves more than oneDNN would). Multi-device CPU meshes (tests, dry runs of sharded layouts) keep
+every such compile would warn and be compiled again in each process, so then the step keeps XLA's own dots and the
+cache the user asked for. Multi-device CPU meshes (tests, dry runs of sharded layouts) keep
 them too: there the program's speed does not matter and its collectives are what is being checked.
 """
 
