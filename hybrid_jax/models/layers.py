@@ -10,6 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from hybrid_jax.kernels import platform
+
 # Names of the tensors that remat policy 'minimal' keeps (hybrid_jax.models.model): the weight matmuls' outputs
 # that the backward needs, named where they are made. Naming is free outside jax.checkpoint.
 QUERY, KEY, VALUE = 'query_proj', 'key_proj', 'value_proj'  # Attention, after RoPE.
@@ -86,7 +88,33 @@ class SwiGLU(nnx.Module):
     x = x.astype(self.dtype)
     gate = checkpoint_name(x @ self.gate[...].astype(self.dtype), MLP_GATE)
     up = checkpoint_name(x @ self.up[...].astype(self.dtype), MLP_UP)
-    return checkpoint_name((jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype), MLP_DOWN)
+    return checkpoint_name(swiglu(gate, up) @ self.down[...].astype(self.dtype), MLP_DOWN)
+
+
+@jax.custom_vjp
+def swiglu(gate, up):
+  """silu(gate) * up, with its backward written out (in float32) so that on CPU its two gradients can be made whole.
+
+  XLA:CPU otherwise fuses the gradient's sigmoid into the transposing copies the weight gradients' matmuls read,
+  evaluating it in their column order: in the mini-study's train step those copies took more time than the MLPs'
+  matmuls. On other platforms the gradient stays free to fuse into its consumers.
+  """
+  return jax.nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+  return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(residuals, dout):
+  gate, up = residuals
+  g, u, dout = (t.astype(jnp.float32) for t in (gate, up, dout))
+  sig = jax.nn.sigmoid(g)
+  grads = ((dout * u * sig * (1 + g * (1 - sig))).astype(gate.dtype), (dout * g * sig).astype(up.dtype))
+  return jax.lax.optimization_barrier(grads) if platform.target() == 'cpu' else grads
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class ReluSquared(nnx.Module):
@@ -129,8 +157,10 @@ def rope(x, positions, *, base: float, dims: int = 0):
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., T, dims/2]
   if angles.ndim == 2:
     angles = angles[None]
-  sin = jnp.sin(angles)[:, :, None, :]
-  cos = jnp.cos(angles)[:, :, None, :]
+  # The tables are made once: fused into their consumers, sin and cos would be evaluated again for every head and
+  # for q and k apart, in both passes (on CPU that took a tenth of the mini-study's train step).
+  sin, cos = jax.lax.optimization_barrier((jnp.sin(angles), jnp.cos(angles)))
+  sin, cos = sin[:, :, None, :], cos[:, :, None, :]
   x1, x2 = jnp.split(x[..., :dims].astype(jnp.float32), 2, axis=-1)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
   return rotated if dims == head_dim else jnp.concatenate([rotated, x[..., dims:]], axis=-1)

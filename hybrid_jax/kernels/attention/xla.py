@@ -60,12 +60,14 @@ def _blocked(q, k, v, window, scale, sinks, segment_ids, c, n):
   hkv = k.shape[2]
   g = hq // hkv
   nb = -(-t // c)
-  stat = jnp.promote_types(q.dtype, jnp.float32)
   tail = [(0, 0), (0, nb * c - t), (0, 0), (0, 0)]
-  # GQA: the G query heads of one kv head become extra rows of one matmul, [B, nb, Hkv, G*C, D].
-  qx = jnp.pad(q, tail).reshape(b, nb, c, hkv, g, d).transpose(0, 1, 3, 4, 2, 5).reshape(b, nb, hkv, g * c, d)
-  kb = _slabs(jnp.pad(k, tail).reshape(b, nb, c, hkv, d), n)
-  vb = _slabs(jnp.pad(v, tail).reshape(b, nb, c, hkv, d), n)
+  # Blocks of a row become rows of the batch, heads-major, so every product below is one batched matmul of rank 4.
+  # GQA: the G query heads of one kv head are extra rows of one matmul, q [B*nb, Hkv, G*C, D]; the key and value
+  # slabs are [B*nb, Hkv, (n+1)C, D].
+  heads_major = lambda x: x.transpose(0, 1, 3, 2, 4).reshape((b * nb, hkv) + x.shape[2:3] + (d,))
+  qx = jnp.pad(q, tail).reshape(b, nb, c, hkv, g, d).transpose(0, 1, 3, 4, 2, 5).reshape(b * nb, hkv, g * c, d)
+  kb = heads_major(_slabs(jnp.pad(k, tail).reshape(b, nb, c, hkv, d), n))
+  vb = heads_major(_slabs(jnp.pad(v, tail).reshape(b, nb, c, hkv, d), n))
   # Positions: query block i holds [iC, iC + C); its key slab starts n blocks earlier. Pad rows past T are
   # dropped at the end; every row, pad rows included, sees its own key, so no row is empty.
   qpos = (jnp.arange(nb)[:, None] * c + jnp.arange(c))[:, :, None]
@@ -74,36 +76,63 @@ def _blocked(q, k, v, window, scale, sinks, segment_ids, c, n):
   if segment_ids is not None:
     seg = jnp.pad(segment_ids, [(0, 0), (0, nb * c - t)]).reshape(b, nb, c)
     mask = mask & (seg[:, :, :, None] == _slabs(seg, n)[:, :, None, :])
-  parts = [(jnp.einsum('bnhxd,bnkhd->bnhxk', qx, kb, preferred_element_type=stat), mask, vb, 'bnhxk,bnkhd->bnhxd')]
+  keys, values, masks = [kb], [vb], [mask]
   if sinks:
-    # Sink keys get their own small slab, visible only left of the window, so no key is counted twice.
+    # Sink keys get their own small slab, visible only left of the window, so no key is counted twice; each
+    # block reads its own copy.
     smask = (jnp.arange(sinks) <= qpos - window)[None]
     if segment_ids is not None:
       smask = smask & (seg[:, :, :, None] == segment_ids[:, None, None, :sinks])
-    slogits = jnp.einsum('bnhxd,bshd->bnhxs', qx, k[:, :sinks], preferred_element_type=stat)
-    parts.append((slogits, smask, v[:, :sinks], 'bnhxs,bshd->bnhxd'))
-  o, lse = _softmax_v(parts, scale, (b, nb, hkv, g, c))
-  lse = lse[..., 0].transpose(0, 1, 4, 2, 3).reshape(b, nb * c, hq)[:, :t]
-  return o.transpose(0, 1, 4, 2, 3, 5).reshape(b, nb * c, hq, d)[:, :t].astype(q.dtype), lse
+    keys.append(heads_major(jnp.broadcast_to(k[:, None, :sinks], (b, nb, sinks, hkv, d))))
+    values.append(heads_major(jnp.broadcast_to(v[:, None, :sinks], (b, nb, sinks, hkv, d))))
+    masks.append(smask)
+  # Masks [B or 1, nb, C, K] -> [B*nb, 1, G*C, K], the rows of all G heads of a group (broadcast over kv heads).
+  masks = [jnp.broadcast_to(m[:, :, None, None], (b, nb, 1, g, c, m.shape[-1])).reshape(b * nb, 1, g * c, -1)
+           for m in masks]
+  o, lse = _softmax_v(qx, keys, values, masks, scale)
+  lse = lse.reshape(b, nb, hkv, g, c).transpose(0, 1, 4, 2, 3).reshape(b, nb * c, hq)[:, :t]
+  o = o.reshape(b, nb, hkv, g, c, d).transpose(0, 1, 4, 2, 3, 5).reshape(b, nb * c, hq, d)[:, :t]
+  return o.astype(q.dtype), lse
 
 
-def _softmax_v(parts, scale, rows):
-  """Joint softmax over the keys of all (logits, mask, values, einsum) parts, times values; no concatenation.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _softmax_v(q, keys, values, masks, scale):
+  """Joint softmax of q [N, Hkv, X, D] over the visible keys of all (keys, values, mask) slabs, times values.
 
-  Logits come as [..., G*C, K] and masks as [B or 1, nb, C, K]; the mask is applied before exp and each row
-  holds its own key, so the row max is finite. Returns o [B, nb, Hkv, G, C, D] and the rows' log-sum-exp
-  [B, nb, Hkv, G, C, 1] (its gradient flows through the sum; the stopped max cancels out of it exactly).
+  Slabs are [N, Hkv, K, D]; masks booleans [N, 1, X, K] (or [1, ...]); every row sees at least one key. Returns
+  o [N, Hkv, X, D] and the rows' log-sum-exp [N, Hkv, X, 1], both in the statistics' dtype. The backward pass is
+  flash attention's, from the saved probabilities P: dS = P * (dP - rowsum(dO * O) + dlse). Autodiff of the
+  forward would keep the logits and the exponentials and take more passes over them.
   """
-  masked = []
-  for logits, mask, vals, spec in parts:
-    logits = logits.reshape(rows + logits.shape[-1:]) * scale
-    masked.append((jnp.where(mask[:, :, None, None], logits, -jnp.inf), vals, spec))
-  m = functools.reduce(jnp.maximum, [jnp.max(logits, axis=-1, keepdims=True) for logits, _, _ in masked])
-  m = jax.lax.stop_gradient(m)
-  o = total = 0
-  for logits, vals, spec in masked:
-    e = jnp.exp(logits - m)
-    total = total + jnp.sum(e, axis=-1, keepdims=True)
-    e = e.astype(vals.dtype).reshape(e.shape[:3] + (-1, e.shape[-1]))
-    o = o + jnp.einsum(spec, e, vals, preferred_element_type=m.dtype).reshape(rows + vals.shape[-1:])
-  return o / total, m + jnp.log(total)
+  return _softmax_v_fwd(q, keys, values, masks, scale)[0]
+
+
+def _softmax_v_fwd(q, keys, values, masks, scale):
+  stat = jnp.promote_types(q.dtype, jnp.float32)
+  logits = [jnp.where(mask, jnp.einsum('nhxd,nhkd->nhxk', q, kx, preferred_element_type=stat) * scale, -jnp.inf)
+            for kx, mask in zip(keys, masks)]
+  m = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in logits])
+  exps = [jnp.exp(s - m) for s in logits]
+  total = functools.reduce(jnp.add, [jnp.sum(e, axis=-1, keepdims=True) for e in exps])
+  probs = [e * (1 / total) for e in exps]
+  o = functools.reduce(jnp.add, [jnp.einsum('nhxk,nhkd->nhxd', p.astype(vx.dtype), vx, preferred_element_type=stat)
+                                 for p, vx in zip(probs, values)])
+  return (o, m + jnp.log(total)), (q, keys, values, probs, o)
+
+
+def _softmax_v_bwd(scale, res, cotangents):
+  q, keys, values, probs, o = res
+  do, dlse = cotangents
+  stat = o.dtype
+  row = dlse - jnp.sum(do * o, axis=-1, keepdims=True)  # dS = P * (dP + row) * scale, per slab.
+  dq, dkeys, dvalues = 0, [], []
+  for kx, vx, p in zip(keys, values, probs):
+    dvalues.append(jnp.einsum('nhxk,nhxd->nhkd', p, do, preferred_element_type=stat).astype(vx.dtype))
+    dp = jnp.einsum('nhxd,nhkd->nhxk', do.astype(vx.dtype), vx, preferred_element_type=stat)
+    ds = p * (dp + row) * scale
+    dq = dq + jnp.einsum('nhxk,nhkd->nhxd', ds, kx, preferred_element_type=stat)
+    dkeys.append(jnp.einsum('nhxk,nhxd->nhkd', ds, q, preferred_element_type=stat).astype(kx.dtype))
+  return dq.astype(q.dtype), dkeys, dvalues, [None] * len(probs)
+
+
+_softmax_v.defvjp(_softmax_v_fwd, _softmax_v_bwd)
