@@ -109,8 +109,9 @@ def _softmax_v(q, keys, values, masks, scale):
 
 def _softmax_v_fwd(q, keys, values, masks, scale):
   stat = jnp.promote_types(q.dtype, jnp.float32)
-  logits = [jnp.where(mask, jnp.einsum('nhxd,nhkd->nhxk', q, kx, preferred_element_type=stat) * scale, -jnp.inf)
-            for kx, mask in zip(keys, masks)]
+  # The mask as an added bias, not a select: XLA:CPU then makes the matmul and the whole softmax one fusion.
+  logits = [jnp.einsum('nhxd,nhkd->nhxk', q, kx, preferred_element_type=stat) * scale
+            + jnp.where(mask, 0, -jnp.inf).astype(stat) for kx, mask in zip(keys, masks)]
   m = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in logits])
   exps = [jnp.exp(s - m) for s in logits]
   total = functools.reduce(jnp.add, [jnp.sum(e, axis=-1, keepdims=True) for e in exps])
