@@ -234,7 +234,7 @@ def report(result) -> str:
   ]
   if 'step_s_median' in s:
     lines += [
-        f"compile {s['compile_s']:.1f} s, first step {s['first_step_s']:.2f} s, steady step {s['step_s_median']:.3f} "
+        f"compile {s['compile_s']:.1f} s, first step {s['first_step_s']:.2f} s, steady step {s['step_s_median']:.4g} "
         f"s (median of {len(s['step_s_all'])})",
         f"{s['tokens_per_s']:,.0f} tokens/s, {s['tflops_per_device']:.4g} model TFLOP/s per device, MFU {mfu}"]
   else:
