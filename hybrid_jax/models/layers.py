@@ -45,10 +45,29 @@ def project_heads(x, w, dtype, name: str | None = None):
   128 lanes, so head_dim 64 would hold twice its bytes through the backward (docs/TPU_FIT.md).
   """
   w = w.astype(dtype)
-  y = x.astype(dtype) @ w.reshape(w.shape[0], -1)
+  y = whole_gradient(x.astype(dtype) @ w.reshape(w.shape[0], -1))
   if name is not None:
     y = checkpoint_name(y, name)
   return y.reshape(*x.shape[:-1], *w.shape[1:])
+
+
+def whole_gradient(y):
+  """y itself; on CPU its gradient is made whole before the matmul that produced y reads it.
+
+  A weight gradient's matmul reads the gradient of its output transposed, and XLA:CPU fuses whatever computes that
+  gradient (the backward of an activation, RoPE, a split) into the transposing copy, which then runs it in column
+  order: in the mini-study's train step such copies took longer than the MLPs' matmuls. Elsewhere the gradient stays
+  free to fuse into its consumers.
+  """
+  return _whole_gradient(y) if platform.target() == 'cpu' else y
+
+
+@jax.custom_vjp
+def _whole_gradient(y):
+  return y
+
+
+_whole_gradient.defvjp(lambda y: (y, None), lambda _, g: (jax.lax.optimization_barrier(g),))
 
 
 def name_heads(t, name: str):
@@ -86,35 +105,10 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x):
     x = x.astype(self.dtype)
-    gate = checkpoint_name(x @ self.gate[...].astype(self.dtype), MLP_GATE)
-    up = checkpoint_name(x @ self.up[...].astype(self.dtype), MLP_UP)
-    return checkpoint_name(swiglu(gate, up) @ self.down[...].astype(self.dtype), MLP_DOWN)
+    gate = checkpoint_name(whole_gradient(x @ self.gate[...].astype(self.dtype)), MLP_GATE)
+    up = checkpoint_name(whole_gradient(x @ self.up[...].astype(self.dtype)), MLP_UP)
+    return checkpoint_name((jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype), MLP_DOWN)
 
-
-@jax.custom_vjp
-def swiglu(gate, up):
-  """silu(gate) * up, with its backward written out (in float32) so that on CPU its two gradients can be made whole.
-
-  XLA:CPU otherwise fuses the gradient's sigmoid into the transposing copies the weight gradients' matmuls read,
-  evaluating it in their column order: in the mini-study's train step those copies took more time than the MLPs'
-  matmuls. On other platforms the gradient stays free to fuse into its consumers.
-  """
-  return jax.nn.silu(gate) * up
-
-
-def _swiglu_fwd(gate, up):
-  return swiglu(gate, up), (gate, up)
-
-
-def _swiglu_bwd(residuals, dout):
-  gate, up = residuals
-  g, u, dout = (t.astype(jnp.float32) for t in (gate, up, dout))
-  sig = jax.nn.sigmoid(g)
-  grads = ((dout * u * sig * (1 + g * (1 - sig))).astype(gate.dtype), (dout * g * sig).astype(up.dtype))
-  return jax.lax.optimization_barrier(grads) if platform.target() == 'cpu' else grads
-
-
-swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class ReluSquared(nnx.Module):
@@ -126,7 +120,7 @@ class ReluSquared(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x):
-    up = checkpoint_name(x.astype(self.dtype) @ self.up[...].astype(self.dtype), MLP_UP)
+    up = checkpoint_name(whole_gradient(x.astype(self.dtype) @ self.up[...].astype(self.dtype)), MLP_UP)
     return checkpoint_name(jnp.square(jax.nn.relu(up)) @ self.down[...].astype(self.dtype), MLP_DOWN)
 
 

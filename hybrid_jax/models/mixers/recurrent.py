@@ -23,8 +23,9 @@ def implementation(cfg):
 
 
 def named_in(y):
-  """An input projection's output, named so that remat policy 'minimal' keeps it."""
-  return checkpoint_name(y, layers.MIXER_IN)
+  """An input projection's output, named so that remat policy 'minimal' keeps it (its gradient made whole on CPU:
+  layers.whole_gradient)."""
+  return checkpoint_name(layers.whole_gradient(y), layers.MIXER_IN)
 
 
 def project_in(x, w, dtype):
