@@ -4,9 +4,10 @@ A sliding window w < T is computed block by block: queries are cut into blocks o
 the keys of its own block and the n = ceil((w - 1) / C) blocks before it, so memory and time grow as O(T * (w + C))
 rather than O(T^2). Full causal (window None or >= T), or a band that would cover the whole sequence anyway, is
 one block of T: dense masked attention, O(T^2) memory, in this version (a flash kernel replaces it later).
-Softmax statistics are float32 (float64 for float64 inputs); differentiation is plain autodiff. `return_lse` also
-returns each row's log-sum-exp of its scaled logits (differentiable too), which learned attention sinks need
-(hybrid_jax.models.mixers.attention); the other implementations do not expose it.
+Softmax statistics are float32 (float64 for float64 inputs); the backward pass is written out from the saved
+probabilities (`_softmax_v`). `return_lse` also returns each row's log-sum-exp of its scaled logits (differentiable
+too), which learned attention sinks need (hybrid_jax.models.mixers.attention); the other implementations do not
+expose it.
 """
 
 import functools
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 MAX_BLOCK = 512
-MIN_BLOCK = 16
+MIN_BLOCK = 8
 
 
 def default_block_size(window):
@@ -109,8 +110,9 @@ def _softmax_v(q, keys, values, masks, scale):
 
 def _softmax_v_fwd(q, keys, values, masks, scale):
   stat = jnp.promote_types(q.dtype, jnp.float32)
+  scaled = q * jnp.asarray(scale, q.dtype)  # The scale on q [.., D] rather than on the logits [.., K].
   # The mask as an added bias, not a select: XLA:CPU then makes the matmul and the whole softmax one fusion.
-  logits = [jnp.einsum('nhxd,nhkd->nhxk', q, kx, preferred_element_type=stat) * scale
+  logits = [jnp.einsum('nhxd,nhkd->nhxk', scaled, kx, preferred_element_type=stat)
             + jnp.where(mask, 0, -jnp.inf).astype(stat) for kx, mask in zip(keys, masks)]
   m = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in logits])
   exps = [jnp.exp(s - m) for s in logits]
@@ -118,22 +120,22 @@ def _softmax_v_fwd(q, keys, values, masks, scale):
   probs = [e * (1 / total) for e in exps]
   o = functools.reduce(jnp.add, [jnp.einsum('nhxk,nhkd->nhxd', p.astype(vx.dtype), vx, preferred_element_type=stat)
                                  for p, vx in zip(probs, values)])
-  return (o, m + jnp.log(total)), (q, keys, values, probs, o)
+  return (o, m + jnp.log(total)), (scaled, keys, values, probs, o)
 
 
 def _softmax_v_bwd(scale, res, cotangents):
-  q, keys, values, probs, o = res
+  scaled, keys, values, probs, o = res
   do, dlse = cotangents
   stat = o.dtype
-  row = dlse - jnp.sum(do * o, axis=-1, keepdims=True)  # dS = P * (dP + row) * scale, per slab.
+  row = dlse - jnp.sum(do * o, axis=-1, keepdims=True)
   dq, dkeys, dvalues = 0, [], []
   for kx, vx, p in zip(keys, values, probs):
     dvalues.append(jnp.einsum('nhxk,nhxd->nhkd', p, do, preferred_element_type=stat).astype(vx.dtype))
     dp = jnp.einsum('nhxd,nhkd->nhxk', do.astype(vx.dtype), vx, preferred_element_type=stat)
-    ds = p * (dp + row) * scale
+    ds = p * (dp + row)  # The gradient of the scaled logits: dq takes the scale after, dk through `scaled`.
     dq = dq + jnp.einsum('nhxk,nhkd->nhxd', ds, kx, preferred_element_type=stat)
-    dkeys.append(jnp.einsum('nhxk,nhxd->nhkd', ds, q, preferred_element_type=stat).astype(kx.dtype))
-  return dq.astype(q.dtype), dkeys, dvalues, [None] * len(probs)
+    dkeys.append(jnp.einsum('nhxk,nhxd->nhkd', ds, scaled, preferred_element_type=stat).astype(kx.dtype))
+  return (dq * scale).astype(scaled.dtype), dkeys, dvalues, [None] * len(probs)
 
 
 _softmax_v.defvjp(_softmax_v_fwd, _softmax_v_bwd)
