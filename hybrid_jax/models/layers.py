@@ -110,7 +110,6 @@ class SwiGLU(nnx.Module):
     return checkpoint_name((jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype), MLP_DOWN)
 
 
-
 class ReluSquared(nnx.Module):
   """down(relu(up(x))**2), no gate and no biases (Nemotron-H's MLP)."""
 

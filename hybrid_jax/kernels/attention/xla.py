@@ -100,7 +100,7 @@ def _blocked(q, k, v, window, scale, sinks, segment_ids, c, n):
 def _softmax_v(q, keys, values, masks, scale):
   """Joint softmax of q [N, Hkv, X, D] over the visible keys of all (keys, values, mask) slabs, times values.
 
-  Slabs are [N, Hkv, K, D]; masks booleans [N, 1, X, K] (or [1, ...]); every row sees at least one key. Returns
+  Slabs are [N, Hkv, K, D]; masks booleans [N, 1, X, K]; every row sees at least one key. Returns
   o [N, Hkv, X, D] and the rows' log-sum-exp [N, Hkv, X, 1], both in the statistics' dtype. The backward pass is
   flash attention's, from the saved probabilities P: dS = P * (dP - rowsum(dO * O) + dlse). Autodiff of the
   forward would keep the logits and the exponentials and take more passes over them.
