@@ -1,4 +1,5 @@
-"""layers.whole_gradient: the identity, whose gradient passes an optimization barrier on CPU and nothing elsewhere."""
+"""layers.whole_gradient: the identity, whose gradient passes an optimization barrier on CPU and nothing elsewhere;
+layers.rope's tables, made whole on CPU alike."""
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +37,18 @@ def test_the_barrier_is_in_the_backward_on_cpu_only(where, barrier):
   assert ('optimization_barrier' in backward) == barrier
 
 
-@pytest.mark.parametrize('arch,projections', [('swa128', 2 * 3 + 2 * 2), ('gdn', 6 + 3 + 2 * 2)])
-def test_the_model_makes_every_projections_gradient_whole_on_cpu(arch, projections):
-  """The mini hybrids: attention q/k/v, the MLPs' gate and up, GDN's q/k/v/gate, beta and decay projections."""
+@pytest.mark.parametrize('where,barrier', [('cpu', True), ('tpu', False)])
+def test_rope_makes_its_tables_whole_on_cpu_only(where, barrier):
+  x, positions = jnp.ones((1, 6, 2, 8)), jnp.arange(6)
+  with platform.targeting(where):
+    jaxpr = str(jax.make_jaxpr(lambda x: layers.rope(x, positions, base=100.0))(x))
+  assert ('optimization_barrier' in jaxpr) == barrier
+
+
+@pytest.mark.parametrize('arch,projections,rope_layers', [('swa128', 2 * 3 + 2 * 2, 2), ('gdn', 6 + 3 + 2 * 2, 1)])
+def test_the_model_makes_every_projections_gradient_whole_on_cpu(arch, projections, rope_layers):
+  """The mini hybrids: attention q/k/v, the MLPs' gate and up, GDN's q/k/v/gate, beta and decay projections (and
+  RoPE's tables, whose barrier shows in both passes)."""
   from flax import nnx
   from hybrid_jax.config import load_config_file, resolve_spec
   from hybrid_jax.models.model import HybridLM
@@ -48,4 +58,5 @@ def test_the_model_makes_every_projections_gradient_whole_on_cpu(arch, projectio
   def barriers(where):
     with platform.targeting(where):
       return str(jax.make_jaxpr(jax.grad(loss))(state)).count('optimization_barrier')
-  assert barriers('cpu') - barriers('tpu') == projections  # (RoPE's tables pass one everywhere.)
+  assert barriers('tpu') == 0
+  assert barriers('cpu') == projections + 2 * rope_layers
