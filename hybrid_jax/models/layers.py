@@ -38,36 +38,63 @@ def param(rngs: nnx.Rngs, shape, axes, *, std: float, dtype) -> nnx.Param:
 
 
 def project_heads(x, w, dtype, name: str | None = None):
-  """x [..., d] through w [d, heads, head_dim]: [..., heads, head_dim], computed as one [d, heads*head_dim] matmul
-  whose flat output is what remat keeps ('save_dots' keeps matmul outputs; `name` makes 'minimal' keep it too).
+  """x [..., d] through w [d, heads, head_dim]: [..., heads, head_dim] (`heads_projections` of one weight);
+  `name` makes remat policy 'minimal' keep its flat output."""
+  (y,) = heads_projections(x, (w,), dtype, None if name is None else (name,))
+  return y
+
+
+def heads_projections(x, ws, dtype, names=None):
+  """x [..., d] through each w [d, heads, head_dim] of `ws`: a tuple of [..., heads, head_dim], each computed as one
+  [d, heads*head_dim] matmul (`projections`) whose flat output is what remat keeps ('save_dots' keeps matmul outputs;
+  `names`, one per weight, make 'minimal' keep them too).
 
   Why flat: a kept [..., heads, head_dim] tensor has head_dim as its minor dimension, which a TPU lays out in
   128 lanes, so head_dim 64 would hold twice its bytes through the backward (docs/TPU_FIT.md).
   """
-  w = w.astype(dtype)
-  y = whole_gradient(x.astype(dtype) @ w.reshape(w.shape[0], -1))
-  if name is not None:
-    y = checkpoint_name(y, name)
-  return y.reshape(*x.shape[:-1], *w.shape[1:])
+  ws = tuple(w.astype(dtype) for w in ws)
+  ys = projections(x.astype(dtype), tuple(w.reshape(w.shape[0], -1) for w in ws))
+  if names is not None:
+    ys = tuple(checkpoint_name(y, name) for y, name in zip(ys, names))
+  return tuple(y.reshape(*x.shape[:-1], *w.shape[1:]) for y, w in zip(ys, ws))
 
 
-def whole_gradient(y):
-  """y itself; on CPU its gradient is made whole before the matmul that produced y reads it.
-
-  A weight gradient's matmul reads the gradient of its output transposed, and XLA:CPU fuses whatever computes that
-  gradient (the backward of an activation, RoPE, a split) into the transposing copy, which then runs it in column
-  order: in the mini-study's train step such copies took longer than the MLPs' matmuls. Elsewhere the gradient stays
-  free to fuse into its consumers.
-  """
-  return _whole_gradient(y) if platform.target() == 'cpu' else y
-
-
-@jax.custom_vjp
-def _whole_gradient(y):
+def project(x, w):
+  """x [..., d] @ w [d, n] (`projections` of one weight)."""
+  (y,) = projections(x, (w,))
   return y
 
 
-_whole_gradient.defvjp(lambda y: (y, None), lambda _, g: (jax.lax.optimization_barrier(g),))
+def projections(x, ws):
+  """(x @ w for w in ws), x [..., d] and each w [d, n]: the projections that read one input.
+
+  On CPU their backward first makes the outputs' gradients g and the transposed input x^T whole (one optimization
+  barrier), so every weight gradient is the row-major product x^T @ g, and x^T is made once for all of them. Left
+  to itself, XLA:CPU computes each from a transposing copy of its g, with whatever produces g (an activation's
+  backward, RoPE, a split) fused into that copy and evaluated in column order. Elsewhere plain matmuls.
+  """
+  ws = tuple(ws)
+  return _cpu_projections(x, ws) if platform.target() == 'cpu' else _matmuls(x, ws)
+
+
+@jax.custom_vjp
+def _cpu_projections(x, ws):
+  return _matmuls(x, ws)
+
+
+def _matmuls(x, ws):
+  return tuple(x @ w for w in ws)
+
+
+def _cpu_projections_bwd(residuals, gs):
+  x, ws = residuals
+  rows = tuple(g.reshape(-1, g.shape[-1]) for g in gs)
+  rows, x_t = jax.lax.optimization_barrier((rows, x.reshape(-1, x.shape[-1]).T))
+  dx = sum(g @ w.T for g, w in zip(rows, ws))
+  return dx.reshape(x.shape), tuple(x_t @ g for g in rows)
+
+
+_cpu_projections.defvjp(lambda x, ws: (_matmuls(x, ws), (x, ws)), _cpu_projections_bwd)
 
 
 def name_heads(t, name: str):
@@ -105,8 +132,8 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x):
     x = x.astype(self.dtype)
-    gate = checkpoint_name(whole_gradient(x @ self.gate[...].astype(self.dtype)), MLP_GATE)
-    up = checkpoint_name(whole_gradient(x @ self.up[...].astype(self.dtype)), MLP_UP)
+    gate, up = projections(x, (self.gate[...].astype(self.dtype), self.up[...].astype(self.dtype)))
+    gate, up = checkpoint_name(gate, MLP_GATE), checkpoint_name(up, MLP_UP)
     return checkpoint_name((jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype), MLP_DOWN)
 
 
@@ -119,7 +146,7 @@ class ReluSquared(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x):
-    up = checkpoint_name(whole_gradient(x.astype(self.dtype) @ self.up[...].astype(self.dtype)), MLP_UP)
+    up = checkpoint_name(project(x.astype(self.dtype), self.up[...].astype(self.dtype)), MLP_UP)
     return checkpoint_name(jnp.square(jax.nn.relu(up)) @ self.down[...].astype(self.dtype), MLP_DOWN)
 
 

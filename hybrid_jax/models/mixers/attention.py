@@ -22,7 +22,8 @@ from hybrid_jax.kernels import segments
 from hybrid_jax.kernels.attention import xla as xla_attention
 from hybrid_jax.models import cache as cache_lib
 from hybrid_jax.models import flops, layers, pattern
-from hybrid_jax.models.layers import checkpoint_name, dtype_of, init_stds, name_heads, param, project_heads, rope
+from hybrid_jax.models.layers import (checkpoint_name, dtype_of, heads_projections, init_stds, name_heads, param,
+                                      project_heads, rope)
 from hybrid_jax.models.mixers import registry
 from hybrid_jax.parallel import activations, sequence
 
@@ -64,7 +65,7 @@ class Attention(nnx.Module):
 
   def qkv(self, x, positions):
     """Queries, keys and values [B, T, heads, head_dim] of x as the layer attends with them (RoPE applied)."""
-    q, k, v = (project_heads(x, w[...], self.dtype) for w in (self.wq, self.wk, self.wv))
+    q, k, v = heads_projections(x, (self.wq[...], self.wk[...], self.wv[...]), self.dtype)
     if self.qk_norm != 'none':
       q, k = self._norm(q, self.q_norm), self._norm(k, self.k_norm)
     if self.spec.rope:

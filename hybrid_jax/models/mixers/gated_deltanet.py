@@ -61,23 +61,23 @@ class GatedDeltaNet(recurrent.DecodeMixin, nnx.Module):
     x = x.astype(dt)
     new_state = {}
 
-    named = recurrent.named_in
+    pq, pk, pv, pg, pbeta, pa = recurrent.project_in(x, (self.wq, self.wk, self.wv, self.wg, self.w_beta, self.w_a),
+                                                     dt)
 
-    def project(name, w, conv):
-      y, new_state[name] = recurrent.causal_conv_silu(recurrent.project_in(x, w, dt),
-                                                      conv[...], dt, None if state is None else state[name],
+    def conv(name, y, weight):
+      y, new_state[name] = recurrent.causal_conv_silu(y, weight[...], dt, None if state is None else state[name],
                                                       segment_ids=segment_ids)
       return y
 
-    q = recurrent.l2_normalize(project('conv_q', self.wq, self.conv_q))
-    k = recurrent.l2_normalize(project('conv_k', self.wk, self.conv_k))
-    v = project('conv_v', self.wv, self.conv_v)
-    beta = self.beta_scale * jax.nn.sigmoid(named(x @ self.w_beta[...].astype(dt)).astype(jnp.float32))
-    a = named(x @ self.w_a[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+    q = recurrent.l2_normalize(conv('conv_q', pq, self.conv_q))
+    k = recurrent.l2_normalize(conv('conv_k', pk, self.conv_k))
+    v = conv('conv_v', pv, self.conv_v)
+    beta = self.beta_scale * jax.nn.sigmoid(pbeta.astype(jnp.float32))
+    a = pa.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
     log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
     o, new_state['scan'] = recurrent.scan(q, k, v, log_decay, beta, state=None if state is None else state['scan'],
                                           segment_ids=segment_ids, chunk_size=self.chunk_size, implementation=self.implementation)
-    gate = jax.nn.silu(recurrent.project_in(x, self.wg, dt).astype(jnp.float32))
+    gate = jax.nn.silu(pg.astype(jnp.float32))
     o = (layers.rms_norm(o, self.norm[...], self.norm_eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), new_state
 

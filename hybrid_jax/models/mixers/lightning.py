@@ -72,12 +72,12 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
   def _forward(self, x, state, segment_ids=None):
     dt = self.dtype
     x = x.astype(dt)
-    proj = lambda w: recurrent.project_in(x, w, dt)
-    q, k, v = jax.nn.silu(proj(self.wq)), jax.nn.silu(proj(self.wk)), jax.nn.silu(proj(self.wv))
+    q, k, v, g = recurrent.project_in(x, (self.wq, self.wk, self.wv, self.wg), dt)
+    q, k, v = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v)
     log_decay = jnp.asarray(self.log_decay, jnp.float32)
     o, scan_state = recurrent.scan(q, k, v, log_decay, state=None if state is None else state['scan'],
                                    segment_ids=segment_ids, chunk_size=self.chunk_size, implementation=self.implementation)
-    gate = jax.nn.sigmoid(proj(self.wg).astype(jnp.float32))
+    gate = jax.nn.sigmoid(g.astype(jnp.float32))
     o = (layers.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), {'scan': scan_state}
 

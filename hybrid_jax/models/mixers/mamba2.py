@@ -67,10 +67,8 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     b, t, _ = x.shape
     h, p = self.in_x.shape[-2:]
     g, gn = self.num_groups, self.in_b.shape[-1]
-    named = recurrent.named_in
-    z = recurrent.project_in(x, self.in_z, dt)
-    xbc = jnp.concatenate([recurrent.project_in(x, self.in_x, dt).reshape(b, t, h * p),
-                           named(x @ self.in_b[...].astype(dt)), named(x @ self.in_c[...].astype(dt))], axis=-1)
+    z, px, pb, pc, pdt = recurrent.project_in(x, (self.in_z, self.in_x, self.in_b, self.in_c, self.in_dt), dt)
+    xbc = jnp.concatenate([px.reshape(b, t, h * p), pb, pc], axis=-1)
     weight = jnp.concatenate([self.conv_x[...].reshape(-1, h * p), self.conv_b[...], self.conv_c[...]], axis=-1)
     bias = (None if self.conv_bias_x is None else jnp.concatenate(
         [self.conv_bias_x[...].reshape(h * p), self.conv_bias_b[...], self.conv_bias_c[...]]))
@@ -79,7 +77,7 @@ class Mamba2(recurrent.DecodeMixin, nnx.Module):
     xs = xbc[..., :h * p].reshape(b, t, h, p)
     bs = xbc[..., h * p:h * p + gn].reshape(b, t, g, gn // g)  # B/C groups: key heads shared by value heads.
     cs = xbc[..., h * p + gn:].reshape(b, t, g, gn // g)
-    delta = jax.nn.softplus(named(x @ self.in_dt[...].astype(dt)).astype(jnp.float32) + self.dt_bias[...])  # [B,T,H]
+    delta = jax.nn.softplus(pdt.astype(jnp.float32) + self.dt_bias[...])  # [B,T,H]
     if self.dt_floor:
       delta = jnp.maximum(delta, self.dt_floor)
     log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * delta

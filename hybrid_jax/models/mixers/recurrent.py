@@ -22,15 +22,11 @@ def implementation(cfg):
   return None if impl == 'auto' else impl
 
 
-def named_in(y):
-  """An input projection's output, named so that remat policy 'minimal' keeps it (its gradient made whole on CPU:
-  layers.whole_gradient)."""
-  return checkpoint_name(layers.whole_gradient(y), layers.MIXER_IN)
-
-
-def project_in(x, w, dtype):
-  """A per-head input projection x [..., d] @ w [d, heads, dim], kept by 'minimal' in its flat form."""
-  return layers.project_heads(x, w[...], dtype, layers.MIXER_IN)
+def project_in(x, ws, dtype):
+  """The input projections x [..., d] @ w for each w of `ws` ([d, heads, dim] or [d, n]): a tuple, computed together
+  (layers.heads_projections: on CPU one transposed x for every weight gradient), each kept by remat policy
+  'minimal' in its flat form."""
+  return layers.heads_projections(x, tuple(w[...] for w in ws), dtype, (layers.MIXER_IN,) * len(ws))
 
 
 def named_out(y):
