@@ -165,17 +165,73 @@ def test_no_initial_state():
   assert rel(o, want_o) <= 1e-5 and rel(s, want_s) <= 1e-5
 
 
-def test_inverses_agree():
-  """Forward substitution and the product form give the same (I + L)^-1 as a dense solve, near the bound."""
-  rng = np.random.default_rng(11)
-  c = 64
-  k = rng.standard_normal((c, 16))
+def product_inverse(lower):
+  """The product form (I + N)(I + N^2)(I + N^4)... with N = -L: exact in exact arithmetic, but its powers of N grow
+  combinatorially when the keys of a chunk share a direction (the TPU kernel's inverse before `recursive_inverse`)."""
+  c = lower.shape[0]
+  power = -lower
+  inv = jnp.eye(c, dtype=lower.dtype) + power
+  reach = 2
+  while reach < c:
+    power = power @ power
+    inv = inv + inv @ power
+    reach *= 2
+  return inv
+
+
+def chunk_lower(rng, c, cosine, beta, log_decay, d=32):
+  """beta_i k_i.k_j exp(G_i - G_j) below the diagonal for L2-normalised keys whose mean pairwise cosine is about
+  `cosine` (a shared direction plus noise), and the keys' realised mean pairwise cosine."""
+  shared = rng.standard_normal(d)
+  shared /= np.linalg.norm(shared)
+  k = np.sqrt(cosine) * shared + np.sqrt(1 - cosine) * rng.standard_normal((c, d)) / np.sqrt(d)
   k /= np.linalg.norm(k, axis=1, keepdims=True)
-  lower = np.tril(0.95 * (k @ k.T), -1)
-  want = np.linalg.inv(np.eye(c) + lower)
-  lower = jnp.asarray(lower, jnp.float32)
-  assert rel(pallas_delta.product_inverse(lower), want) <= 1e-5
-  assert rel(pallas_delta.forward_substitution(lower[:16, :16]), want[:16, :16]) <= 1e-6
+  cum = np.cumsum(np.full(c, log_decay))
+  gram = k @ k.T
+  realised = (gram.sum() - c) / (c * (c - 1))
+  return np.tril(beta * gram * np.exp(cum[:, None] - cum[None, :]), -1), realised
+
+
+# (target mean key cosine, beta, log decay per token): independent keys, then keys sharing a direction up to
+# identical ones, beta up to 2 (I - beta k k^T with a negative eigenvalue), no decay.
+INVERSE_REGIMES = [(0.0, 0.5, -0.05), (0.5, 0.9, -0.01), (0.8, 0.99, -0.001), (0.95, 1.5, 0.0), (1.0, 2.0, 0.0),
+                   (1.0, 1.0, 0.0)]
+
+
+@pytest.mark.parametrize('c', [64, 128])
+def test_inverses_hold_on_shared_key_directions(c):
+  """`recursive_inverse` (TPU) stays within 2x of forward substitution's (the XLA path's) error against a float64
+  solve where the keys of a chunk share a direction; the product form it replaced does not (so the cases reach the
+  regime that broke it), and the GPU's 16-row substitution agrees on its block."""
+  from hybrid_jax.kernels.delta_rule.xla import unit_lower_inverse
+  rng = np.random.default_rng(11)
+  for cosine, beta, log_decay in INVERSE_REGIMES:
+    lower, realised = chunk_lower(rng, c, cosine, beta, log_decay)
+    assert realised >= cosine - 0.05, (cosine, realised)
+    want = np.linalg.inv(np.eye(c) + lower)
+    lower32 = jnp.asarray(lower, jnp.float32)
+    with jax.default_matmul_precision('highest'):
+      err = rel(pallas_delta.recursive_inverse(lower32), want)
+      floor = max(rel(unit_lower_inverse(lower32), want), 1e-7)
+      product = np.asarray(product_inverse(lower32), np.float64)
+    assert err <= 2 * floor, (cosine, beta, err, floor)
+    assert err <= 1e-5, (cosine, beta, err)
+    if cosine >= 0.5:
+      broken = not np.all(np.isfinite(product)) or np.linalg.norm(product - want) > 1e-3 * np.linalg.norm(want)
+      assert broken, cosine
+    assert rel(pallas_delta.forward_substitution(lower32[:16, :16]), want[:16, :16]) <= 1e-6
+
+
+def test_recursive_inverse_any_chunk_and_leaf():
+  """Chunks that are not a power of two times the leaf (an unpaired last block at some level) and every leaf."""
+  rng = np.random.default_rng(12)
+  for c in (8, 24, 40, 72):
+    lower, _ = chunk_lower(rng, c, 0.8, 1.0, 0.0)
+    want = np.linalg.inv(np.eye(c) + lower)
+    for leaf in (1, 2, 4, 8):
+      with jax.default_matmul_precision('highest'):
+        got = pallas_delta.recursive_inverse(jnp.asarray(lower, jnp.float32), leaf)
+      assert rel(got, want) <= 1e-5, (c, leaf)
 
 
 # Larger shapes (end-to-end tier: slow in interpret mode).

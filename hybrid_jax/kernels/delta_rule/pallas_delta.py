@@ -3,7 +3,7 @@ custom VJP.
 
 Forward (docs/KERNELS.md, "Gated DeltaNet (the gated delta rule)"), per chunk with beta = diag(beta_i):
 1. intra kernel (chunk-parallel): L = strictly_lower((beta K K^T) o Gamma), T = (I + L)^-1 (GPU: 16x16 forward
-   substitution + block merge; TPU: the matmul-only product (I + N)(I + N^2)(I + N^4)... with N = -L),
+   substitution + block merge; TPU: `recursive_inverse`, in whole-chunk masked matmuls),
    W = T (beta K o exp(G)), U = T (beta V); T is stored for the backward;
 2. sequential pass: V_new = U - W S, S <- exp(gamma) S + (K o exp(gamma - G))^T V_new (stores S_n and V_new);
 3. output kernel (`pallas_scan_common.output_kernel`, the scalar-decay scan's, with V_new for V).
@@ -43,26 +43,39 @@ def forward_substitution(lower):
   return inv
 
 
-def product_inverse(lower):
-  """(I + L)^-1 = (I - N)^-1 = (I + N)(I + N^2)(I + N^4)... with N = -L, enough factors that the powers reach
-  C - 1 (N^C = 0 for strictly lower C x C; stopping earlier silently drops terms)."""
+LEAF = 4  # Diagonal blocks of `recursive_inverse` solved by substitution: the fewest products for C = 64 and 128.
+
+
+def recursive_inverse(lower, leaf=LEAF):
+  """(I + L)^-1 of a strictly lower-triangular L [C, C] by recursive block inversion, in whole-chunk matmuls.
+
+  Leaves: every `leaf` x `leaf` diagonal block is inverted at once by forward substitution (row i of each block in
+  one masked product). Then, doubling the block size s: each pair of diagonal blocks [[A, 0], [X, B]] has inverse
+  [[A^-1, 0], [-B^-1 X A^-1, B^-1]], which is T - T X T with T the block-diagonal inverse so far and X the
+  lower-left quadrants of L, so every pair of a level merges in two C x C products. Its error grows like forward
+  substitution's (bounded by the conditioning of I + L, not by the powers of L as a Neumann or product series'),
+  and it costs (leaf - 1) + 2 ceil(log2(C / leaf)) products (docs/KERNELS.md, "The intra-chunk inverse").
+  """
   c = lower.shape[0]
   r, cc = pc.iotas(c)
-  power = -lower
-  inv = (r == cc).astype(F32) + power
-  reach = 2  # inv holds every power below `reach`.
-  while reach < c:
-    power = pc.dot(power, power, F32)
-    inv = inv + pc.dot(inv, power, F32)
-    reach *= 2
+  diag = jnp.where(r // leaf == cc // leaf, lower, 0.0)
+  inv = (r == cc).astype(F32)
+  for i in range(1, min(leaf, c)):
+    inv = inv - pc.dot(jnp.where(r % leaf == i, diag, 0.0), inv, F32)
+  size = leaf
+  while size < c:
+    # Lower-left quadrant of each 2*size diagonal block: rows in its odd half, columns in its even half.
+    quadrant = jnp.where(((r // size) % 2 == 1) & (cc // size == r // size - 1), lower, 0.0)
+    inv = inv - pc.dot(inv, pc.dot(quadrant, inv, F32), F32)
+    size *= 2
   return inv
 
 
-def intra_kernel_product(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, cfg):
-  """T, W, U of one chunk with the whole-chunk matmul-only inverse (TPU)."""
+def intra_kernel_whole(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, cfg):
+  """T, W, U of one chunk with whole-chunk matmuls only (TPU: Mosaic cannot slice values into 16-wide blocks)."""
   k, v, gates, beta = k_ref[...], v_ref[...], pc.Gates(g_ref[...]), b_ref[...]
   lower = beta * pc.dot(k, k, cfg.dtype, tb=True) * gates.decay(strict=True)
-  inv = product_inverse(lower)
+  inv = recursive_inverse(lower)
   t_ref[...] = inv
   w_ref[...] = pc.dot(inv, beta * gates.exp() * k, F32).astype(w_ref.dtype)
   u_ref[...] = pc.dot(inv, beta * v, F32).astype(u_ref.dtype)
@@ -157,7 +170,7 @@ def _forward(cfg, q, k, v, g, beta, s0):
   gc = pc.local_cumsum(cfg, g)
   bc = pc.column(cfg, beta)
   per = lambda d: v.shape[:-1] + (d,)
-  intra = intra_kernel_blocked if cfg.backend == 'gpu' else intra_kernel_product
+  intra = intra_kernel_blocked if cfg.backend == 'gpu' else intra_kernel_whole
   inv, w, u = pc.parallel(cfg, intra, [(k, 'key'), (v, 'value'), (gc, 'value'), (bc, 'value')],
                           [('value', per(cfg.chunk), F32), ('value', per(k.shape[-1]), F32),
                            ('value', v.shape, F32)], n)
