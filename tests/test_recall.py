@@ -176,12 +176,28 @@ def test_resume_mid_stream_gives_the_same_documents():
     ('distractors', -1, 'distractors'),
     ('distractors', 30, 'pairs'),  # no room: (2 * 6 + 30) * 4 > 128
     ('filler_random', 'äö', 'filler_random'),
+    ('pairs_min', 7, 'pairs_min'),  # more than pairs
+    ('pairs_min', -1, 'pairs_min'),
+    ('eval_pairs', 7, 'eval_pairs'),
+    ('record_gap', 200, 'record_gap'),  # a record longer than the row allows
+    ('record_gap', -1, 'record_gap'),
+    ('haystack', 'prose', 'haystack'),
 ])
 def test_bad_settings_name_the_field(field, value, match):
   c = recall_config()
   c.data.recall[field] = value
   with pytest.raises(ConfigError, match=f'config.data.recall.{match}'):
     validate(c)
+
+
+def test_bad_combinations_name_the_key_in_one_line():
+  cases = [(dict(pairs=20, pairs_min=2), 'pairs='),  # a range whose most pairs do not fit the row
+           (dict(record_gap=20), 'pairs='),  # the gap fits alone, not with six pairs
+           (dict(haystack='text', filler_random='abc'), 'haystack=')]
+  for fields, key in cases:
+    with pytest.raises(ConfigError) as error:
+      validate(recall_config(**fields))
+    assert f'config.data.recall.{key}' in str(error.value) and '\n' not in str(error.value), fields
 
 
 def test_recall_needs_the_byte_tokenizer():
@@ -264,3 +280,177 @@ def test_probe_metrics_flatten_buckets_and_layers():
             'layers': [{'index': 1, 'mass': [[0.2, 0.7], None]}]}
   assert callbacks.recall_metrics(result) == {'recall_accuracy': 0.5, 'recall_accuracy_0_12': 1.0,
                                               'recall_mass_layer1_0_12': 0.7}
+
+
+# Options that load the recurrent state: a range of pairs, 2-letter keys, a gap inside the record, a text haystack.
+
+def _record_positions(doc, s):
+  """{position: character} of every queried record and query of a recall document, from its queries alone."""
+  out = {}
+  for q in doc.queries:
+    out.update({q.pair + m: c for m, c in enumerate(q.value)})
+    out.update({q.pair + s.value_length + s.record_gap + m: c for m, c in enumerate(q.key)})
+    out.update({q.query + m: c for m, c in enumerate(q.key + q.value)})
+  return out
+
+
+def _runs(positions):
+  """Consecutive runs of the sorted positions, as lists."""
+  out = []
+  for p in sorted(positions):
+    if out and p == out[-1][-1] + 1:
+      out[-1].append(p)
+    else:
+      out.append([p])
+  return out
+
+
+def test_a_range_of_pairs_mixes_training_documents_and_held_out_ones_do_not():
+  config = recall_config(pairs=5, pairs_min=2, distractors=1)
+  train = recall.RecallSource(config.data, 'train')
+  counts = np.bincount([len(d.queries) for d in recall_documents(train, 800)], minlength=6)
+  assert counts[:2].sum() == 0 and counts[2:].min() > 0  # every count from 2 to 5, nothing else
+  assert stats.chisquare(counts[2:]).pvalue > 1e-3, counts  # drawn uniformly
+  for doc in recall_documents(train, 100):
+    assert len(re.findall('[A-Z]', doc.text)) == 2 * len(doc.queries) + 1  # each pair twice, the distractor once
+  held = recall.RecallSource(config.data, 'eval')
+  assert {len(held.document(i).queries) for i in range(len(held))} == {5}
+  one = recall.RecallSource(recall_config(pairs=5, pairs_min=2, eval_pairs=1).data, 'eval')
+  assert {len(one.document(i).queries) for i in range(len(one))} == {1}
+  # pairs_min = pairs draws nothing more: the documents are those of a fixed count, under the same store key.
+  fixed = recall.RecallSource(recall_config(pairs=5, pairs_min=5).data, 'train')
+  plain = recall.RecallSource(recall_config(pairs=5).data, 'train')
+  assert [fixed[i] for i in range(30)] == [plain[i] for i in range(30)]
+  assert repr(plain.settings) == repr(fixed.settings).replace(', pairs_min=5', '') and 'pairs_min' not in repr(plain)
+
+
+def test_two_letter_keys_give_hundreds_of_keys_each_unique_in_its_document():
+  source = recall.RecallSource(recall_config(key_length=2, key_chars=16, distractors=2).data, 'train')
+  seen = set()
+  for doc in recall_documents(source, 300):
+    keys = re.findall('[A-Z]+', doc.text)
+    assert all(len(k) == 2 and set(k) <= set('ABCDEFGHIJKLMNOP') for k in keys)
+    assert len(set(keys)) == len(doc.queries) + 2 and len(keys) == 2 * len(doc.queries) + 2
+    seen |= set(keys)
+  assert len(seen) > 240  # of 16 x 16 = 256
+
+
+def test_a_record_gap_puts_haystack_between_value_and_key_beyond_the_conv():
+  conv = validate(recall_config()).model.gdn.conv_width  # GDN's and Mamba-2's short convolution: 4
+  gap = conv + 1
+  source = recall.RecallSource(recall_config(key_length=2, key_chars=16, record_gap=gap, distractors=2,
+                                             pairs=4).data, 'train')
+  s = source.settings
+  assert s.record == 2 + gap + 2 and s.query_length == 4
+  for doc in recall_documents(source, 100):
+    records = _record_positions(doc, s)
+    for q in doc.queries:
+      key_start = q.pair + s.value_length + gap
+      assert doc.text[q.pair:q.pair + 2] == q.value and doc.text[key_start:key_start + 2] == q.key
+      between = doc.text[q.pair + 2:key_start]
+      assert len(between) == gap and not any(c.isupper() or c.isdigit() for c in between)
+      # A width-`conv` causal convolution at the key's first character sees none of the value.
+      assert key_start - (q.pair + s.value_length - 1) >= conv
+      assert doc.text[q.query:q.query + 4] == q.key + q.value  # the query stays KEYVALUE
+      # Distance from the pair's last key character to the query's, both counted.
+      assert q.distance == (q.query + 1) - (key_start + 1) + 1 and doc.text.count(q.key) == 2
+    # The distractors keep the gap too: their values sit `gap` characters before their keys.
+    extra_keys = _runs(i for i, c in enumerate(doc.text) if c.isupper() and i not in records)
+    extra_values = _runs(i for i, c in enumerate(doc.text) if c.isdigit() and i not in records)
+    assert [len(k) for k in extra_keys] == [2, 2] and [len(v) for v in extra_values] == [2, 2]
+    assert [k[0] - v[-1] - 1 for k, v in zip(extra_keys, extra_values)] == [gap, gap]
+
+
+def test_a_text_haystack_is_the_corpus_without_anything_that_reads_as_a_key_or_value(monkeypatch):
+  from hybrid_jax.data import sources
+  files = ['The Quick brown fox, 12 jumps over 3 Lazy dogs.\n' * 3, 'Def F(x): return 42 * X_2  # 7 ways\n' * 4]
+
+  class Corpus:  # a known corpus, so every haystack character can be checked against it
+    def __init__(self, *args):
+      del args
+
+    def __len__(self):
+      return len(files)
+
+    def __getitem__(self, index):
+      return files[index]
+
+  monkeypatch.setattr(sources, 'BuiltinSource', Corpus)
+  clean = ''.join(recall.haystack_text(f) for f in files)
+  assert not any(c.isupper() or c.isdigit() for c in clean) and 'the quick brown fox,  jumps' in clean
+  config = recall_config(key_length=2, key_chars=16, value_length=1, pairs=6, pairs_min=1, distractors=2,
+                         haystack='text')
+  source = recall.RecallSource(config.data, 'train', use_store=False)
+  s = source.settings
+  for doc in recall_documents(source, 40):
+    records = _record_positions(doc, s)
+    assert all(doc.text[i] == c for i, c in records.items())
+    extra_keys = _runs(i for i, c in enumerate(doc.text) if c.isupper() and i not in records)
+    extra_values = [i for i, c in enumerate(doc.text) if c.isdigit() and i not in records]
+    assert [len(k) for k in extra_keys] == [2, 2] and extra_values == [k[0] - 1 for k in extra_keys]
+    for q in doc.queries:  # every key exactly where it should be
+      assert [m.start() for m in re.finditer(q.key, doc.text)] == [q.pair + 1, q.query]
+    # Everything else is the cleaned corpus, in order (repeated when a pass through it is shorter than the row).
+    taken = set(records) | {p for k in extra_keys for p in k} | set(extra_values)
+    for run in _runs(set(range(len(doc.text))) - taken):
+      assert ''.join(doc.text[i] for i in run) in clean * 3
+
+
+def test_a_text_haystack_from_the_built_in_corpus_leaks_no_digit_or_capital():
+  config = recall_config(key_length=2, key_chars=16, value_length=1, pairs=6, distractors=2, haystack='text')
+  source = recall.RecallSource(config.data, 'train')
+  s = source.settings
+  for doc in recall_documents(source, 40):
+    records = _record_positions(doc, s)
+    outside = [c for i, c in enumerate(doc.text) if i not in records]
+    assert sum(c.isupper() for c in outside) == 2 * s.distractors and sum(c.isdigit() for c in outside) == 2
+    assert len(doc.text) == 256 and doc.text.isascii() and sum(c.islower() for c in outside) > 50
+
+
+def test_haystack_text_removes_what_reads_as_keys_or_values():
+  assert recall.haystack_text('Def F(x): return 42 * X_2 # café') == 'def f(x): return  * x_ # caf?'
+
+
+def test_an_empty_text_haystack_is_one_error_naming_the_key(monkeypatch):
+  from hybrid_jax.data import sources
+
+  class Digits:  # a corpus whose every file is digits only
+    def __init__(self, *args):
+      del args
+
+    def __len__(self):
+      return 3
+
+    def __getitem__(self, index):
+      return '1234567890' * 3
+
+  monkeypatch.setattr(sources, 'BuiltinSource', Digits)
+  source = recall.RecallSource(recall_config(haystack='text').data, 'train', use_store=False)
+  with pytest.raises(ConfigError, match="config.data.recall.haystack='text' is invalid") as error:
+    source.document(0)
+  assert '\n' not in str(error.value)
+
+
+def test_the_load_is_records_over_each_recurrent_kinds_key_dimensions():
+  from hybrid_jax.study import load, presets
+  mini = presets.PRESETS['mini']  # 4 pairs and 2 distractors: 6 records a document
+  for label, kind, dims in (('GDN', 'gdn', 4 * 16), ('Lightning', 'lightning', 4 * 16), ('Mamba-2', 'mamba2', 48)):
+    c = presets.run_config(label, mini)
+    got = load.recall_load(c.data, c.model)
+    assert list(got) == [kind] and got[kind]['key_dims'] == dims, (label, got)
+    assert got[kind]['load'] == [pytest.approx(6 / dims)] * 2 and got[kind]['held_out_load'] == pytest.approx(6 / dims)
+  assert load.recall_load(presets.run_config('SWA-128', mini).data, presets.run_config('SWA-128', mini).model) == {}
+  # Mamba-2's heads share B and C: more heads or wider heads add no key dimension, more B/C groups do.
+  c = presets.run_config('Mamba-2', mini)
+  c.model.mamba2.update(dict(num_heads=16, head_dim=32))
+  assert load.recall_load(c.data, c.model)['mamba2']['key_dims'] == 48
+  c.model.mamba2.update(dict(num_groups=2))
+  assert load.recall_load(c.data, c.model)['mamba2']['key_dims'] == 96
+  # GDN's heads each have keys of their own; its value width adds none.
+  c = presets.run_config('GDN', mini)
+  c.model.gdn.update(dict(num_heads=3, key_dim=2, value_dim=64))
+  c.data.recall.update(dict(pairs=7, pairs_min=1, eval_pairs=1))
+  got = load.recall_load(c.data, c.model)['gdn']
+  assert got['key_dims'] == 6 and got['records'] == [3, 9] and got['load'] == [0.5, 1.5]
+  assert got['mean_load'] == pytest.approx((4 + 2) / 6) and got['held_out_load'] == pytest.approx(3 / 6)
+  assert 'gdn: 3-9 records over 6 key dimensions, load 0.50 to 1.50 (mean 1.00)' in load.describe({'gdn': got})

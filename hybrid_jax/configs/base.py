@@ -106,6 +106,16 @@ def get_config(arg=None):
   # the byte tokenizer; set data.long_short_ratio=0 so the text fraction below is the mixture's.
   rc = d.recall = ml_collections.ConfigDict()
   rc.pairs = 6  # Key-value pairs (and queries) per recall document; 1 = a needle document.
+  # Fewest pairs of a training document: each draws its count uniformly from pairs_min..pairs (a mixture of loads);
+  # 0 = always `pairs`. Held-out documents never mix: each holds eval_pairs pairs (0 = `pairs`).
+  rc.pairs_min = 0
+  rc.eval_pairs = 0
+  # Characters of haystack between a record's value and its key (VALUE...KEY; the query stays KEYVALUE): at least a
+  # mixer's conv width keeps its short convolution from binding the value to the key.
+  rc.record_gap = 0
+  # Around the records: 'filler' (rc.filler repeated, or rc.filler_random's draws) | 'text' (the built-in corpus,
+  # lower-cased, digits removed: nothing in it reads as a key or a value).
+  rc.haystack = 'filler'
   # Records whose key is never asked, placed at random among the others: "the nearest record not asked yet" then no
   # longer names the answer, so only the key match does (hybrid_jax/data/recall.py).
   rc.distractors = 0

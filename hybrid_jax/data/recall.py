@@ -23,6 +23,20 @@ A fraction `text_fraction` of the documents are ordinary text instead: seq_len c
 (same train/eval split), non-ASCII characters folded to '?'. Every document then tokenizes to seq_len + 1 tokens
 with EOS, one packed training row, so a row never cuts a pair from its query.
 
+Options that make the task harder for a recurrent state (each off by default, which leaves every document as it
+was):
+- `pairs_min`: each training document draws its number of pairs uniformly from pairs_min..pairs (0: always
+  `pairs`), so one run sees documents of every load (hybrid_jax.study.load: records per recurrent key dimension).
+  Held-out (eval split) documents never mix: each holds `eval_pairs` pairs (0: `pairs`), so every held-out document
+  asks the same number of queries, which the scorers need (hybrid_jax.eval.recall).
+- `record_gap`: that many haystack characters between a record's value and its key (`VALUE...KEY`; the query stays
+  `KEYVALUE`). A short causal convolution (width 4 in GDN and Mamba-2) sees the value from the key's position when
+  they are adjacent, so it binds them in one token; a gap of at least the convolution's width leaves that binding
+  to a layer that mixes across positions.
+- `haystack='text'`: the characters around the records come from the built-in corpus (the same split's files, from
+  a random file and offset) instead of `filler`: lower-cased, digits removed, non-ASCII folded to '?', so the only
+  upper-case letters and digits of a document are still its keys and values.
+
 Document i of a split is a pure function of (data.recall.seed, split, i): the source is random-access, its repr is
 stable, and grain's shuffle and checkpointed iterator state work on it unchanged. `document(i)` gives the text with
 its queries (positions, distances, answers) for scoring (hybrid_jax.eval.recall).
@@ -54,10 +68,11 @@ class Query:
   value: str
   pair: int  # Start of the pair VALUEKEY.
   query: int  # Start of the query KEYVALUE.
+  gap: int = 0  # Haystack characters between the pair's value and its key (data.recall.record_gap).
 
   @property
   def distance(self) -> int:
-    return self.query - self.pair - len(self.value) + 1
+    return self.query - self.pair - len(self.value) - self.gap + 1
 
   def answer_positions(self) -> np.ndarray:
     """Input positions whose next-token prediction is answer byte m (teacher forcing)."""
@@ -75,7 +90,13 @@ class RecallDocument:
   queries: tuple[Query, ...] = ()
 
 
-@dataclasses.dataclass(frozen=True)
+# Fields added after recall stores were written, with the defaults that leave documents as they were: the repr (a
+# store's key, hybrid_jax.data.recall_store) shows them only when set otherwise, so existing stores stay valid.
+_ADDED_DEFAULTS = {'pairs_min': 0, 'eval_pairs': 0, 'record_gap': 0, 'haystack': 'filler'}
+HAYSTACKS = ('filler', 'text')
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class Settings:
   """The validated `data.recall` fields plus the document length and text split they apply to."""
   length: int
@@ -92,10 +113,36 @@ class Settings:
   filler: str
   filler_random: str
   distractors: int
+  pairs_min: int = 0
+  eval_pairs: int = 0
+  record_gap: int = 0
+  haystack: str = 'filler'
+
+  def __repr__(self):
+    shown = [f.name for f in dataclasses.fields(self)
+             if f.name not in _ADDED_DEFAULTS or getattr(self, f.name) != _ADDED_DEFAULTS[f.name]]
+    return f"Settings({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
 
   @property
   def record(self) -> int:
+    """Characters of a stored record VALUE, gap, KEY."""
+    return self.key_length + self.record_gap + self.value_length
+
+  @property
+  def query_length(self) -> int:
+    """Characters of a query KEYVALUE."""
     return self.key_length + self.value_length
+
+  @property
+  def fewest_pairs(self) -> int:
+    """The fewest pairs a training document draws (`pairs` when they do not mix)."""
+    return self.pairs_min or self.pairs
+
+  def pairs_of(self, split: str) -> tuple[int, int]:
+    """(fewest, most) pairs of a document of `split`: held-out documents hold eval_pairs (0: pairs) each."""
+    if split == 'eval':
+      return (self.eval_pairs or self.pairs,) * 2
+    return self.fewest_pairs, self.pairs
 
   @functools.cached_property
   def probabilities(self) -> np.ndarray:
@@ -120,6 +167,19 @@ def check_fields(r, length: int | None = None) -> tuple:
   Settings' fields after the length."""
   pairs, klen, vlen = _int(r, 'pairs', 1), _int(r, 'key_length', 1), _int(r, 'value_length', 1)
   distractors = _int(r, 'distractors', 0)
+  # Keys added later: a run's saved config may lack them (train/runs.py fills them in; a bare ConfigDict may not).
+  optional = lambda key: r.get(key, _ADDED_DEFAULTS[key])
+  pairs_min = _int({'pairs_min': optional('pairs_min')}, 'pairs_min', 0)
+  if pairs_min > pairs:
+    _fail('pairs_min', pairs_min, f'must be 0 (every document holds data.recall.pairs) or 1 to data.recall.pairs='
+          f'{pairs} (the fewest pairs a document draws; pairs is the most)')
+  eval_pairs = _int({'eval_pairs': optional('eval_pairs')}, 'eval_pairs', 0)
+  if eval_pairs > pairs:
+    _fail('eval_pairs', eval_pairs, f'must be 0 (= data.recall.pairs) or 1 to data.recall.pairs={pairs}')
+  gap = _int({'record_gap': optional('record_gap')}, 'record_gap', 0)
+  haystack = optional('haystack')
+  if haystack not in HAYSTACKS:
+    _fail('haystack', haystack, f"must be one of {', '.join(map(repr, HAYSTACKS))}")
   kchars, vchars = _int(r, 'key_chars', 1), _int(r, 'value_chars', 2)
   if kchars > 26:
     _fail('key_chars', kchars, 'must be <= 26 (upper-case letters)')
@@ -133,9 +193,13 @@ def check_fields(r, length: int | None = None) -> tuple:
   if not ranges or any(len(x) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in x)
                        for x in ranges):
     _fail('distance_ranges', r.distance_ranges, 'must be a non-empty tuple of (low, high) integer pairs')
-  record = klen + vlen
+  record = klen + gap + vlen
+  if length is not None and 2 * (record + 1) > length // 2:
+    _fail('record_gap', gap, f'leaves no room: a record of value + gap + key = {record} characters and its query '
+          f'need 2 * (record + 1) <= data.seq_len / 2 = {length // 2}')
   if length is not None:
-    low, high = klen + 2, length - klen - 2 * vlen + 1  # Records apart by a gap; both inside the document.
+    # Records apart by a filler character; both inside the document.
+    low, high = klen + 2, length - klen - 2 * vlen - gap + 1
     for lo, hi in ranges:
       if not low <= lo <= hi <= high:
         _fail('distance_ranges', r.distance_ranges, f'each range must satisfy {low} <= low <= high <= {high} '
@@ -148,7 +212,8 @@ def check_fields(r, length: int | None = None) -> tuple:
   cells = (2 * pairs + distractors) * (record + 1)
   if length is not None and cells > length // 2:
     _fail('pairs', pairs, f'(2 * pairs + distractors) * (record + 1) = {cells} must be <= data.seq_len / 2 = '
-          f'{length // 2}, so that the records leave room to place them at the drawn distances')
+          f'{length // 2}, so that the records (of {record} characters) leave room to place them at the drawn '
+          'distances; pairs is the most a document holds')
   fraction = r.text_fraction
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
     _fail('text_fraction', fraction, 'must be in [0, 1)')
@@ -160,8 +225,11 @@ def check_fields(r, length: int | None = None) -> tuple:
   filler_random = r.filler_random
   if not isinstance(filler_random, str) or not filler_random.isascii() or any(c.isupper() for c in filler_random):
     _fail('filler_random', filler_random, "must be '' or ASCII characters without upper-case letters (those are keys)")
+  if haystack == 'text' and filler_random:
+    _fail('haystack', haystack, "draws the characters around the records from the built-in corpus: leave "
+          "data.recall.filler_random at '' with it")
   return (pairs, klen, kchars, vlen, vchars, ranges, weights, float(fraction), _int(r, 'documents', 1),
-          _int(r, 'seed', 0), filler, filler_random, distractors)
+          _int(r, 'seed', 0), filler, filler_random, distractors, pairs_min, eval_pairs, gap, haystack)
 
 
 def settings(data_cfg) -> Settings:
@@ -179,36 +247,45 @@ def ascii_fold(text: str) -> str:
   return text.encode('ascii', errors='replace').decode('ascii')
 
 
+_NOT_IN_HAYSTACK = str.maketrans('', '', string.digits)
+
+
+def haystack_text(text: str) -> str:
+  """Corpus text as a haystack: ASCII-folded, lower-cased and without digits, so it holds nothing that reads as a
+  key (upper-case letters) or a value (digits)."""
+  return ascii_fold(text).lower().translate(_NOT_IN_HAYSTACK)
+
+
 def _key(index: int, s: Settings) -> str:
   letters = string.ascii_uppercase[:s.key_chars]
   return ''.join(letters[(index // s.key_chars ** j) % s.key_chars] for j in range(s.key_length))
 
 
-def _room(taken: bytearray, start: int, s: Settings) -> bool:
-  """Whether a record starting at `start` is apart by >= 1 character from every taken cell (a bytearray, not a
+def _room(taken: bytearray, start: int, size: int) -> bool:
+  """Whether `size` cells from `start` are apart by >= 1 character from every taken cell (a bytearray, not a
   numpy array: these slices are a few cells long, where numpy's per-call cost is most of a document's)."""
-  return not any(taken[max(start - 1, 0):start + s.record + 1])
+  return not any(taken[max(start - 1, 0):start + size + 1])
 
 
-def _take(taken: bytearray, start: int, s: Settings) -> None:
-  taken[start:start + s.record] = b'\x01' * s.record
+def _take(taken: bytearray, start: int, size: int) -> None:
+  taken[start:start + size] = b'\x01' * size
 
 
-def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
+def _layout(rng, s: Settings, pairs: int) -> list[tuple[int, int]] | None:
   """(pair start, query start) per pair at freshly drawn distances, records apart by >= 1 character; None if the
   random placement failed (the caller draws again)."""
-  buckets = rng.choice(len(s.distance_ranges), size=s.pairs, p=s.probabilities)
+  buckets = rng.choice(len(s.distance_ranges), size=pairs, p=s.probabilities)
   distances = [int(rng.integers(s.distance_ranges[b][0], s.distance_ranges[b][1] + 1)) for b in buckets]
   taken = bytearray(s.length + 1)  # One guard cell so a record may end at the last character.
-  placed = [None] * s.pairs
-  for j in sorted(range(s.pairs), key=lambda j: -distances[j]):  # The longest are the hardest to place.
-    d = distances[j] + s.value_length - 1  # Query start - pair start.
+  placed = [None] * pairs
+  for j in sorted(range(pairs), key=lambda j: -distances[j]):  # The longest are the hardest to place.
+    d = distances[j] + s.value_length + s.record_gap - 1  # Query start - pair start.
     for _ in range(64):
-      p = int(rng.integers(0, s.length - d - s.record + 1))
+      p = int(rng.integers(0, s.length - d - s.query_length + 1))
       q = p + d
-      if _room(taken, p, s) and _room(taken, q, s):
-        _take(taken, p, s)
-        _take(taken, q, s)
+      if _room(taken, p, s.record) and _room(taken, q, s.query_length):
+        _take(taken, p, s.record)
+        _take(taken, q, s.query_length)
         placed[j] = (p, q)
         break
     else:
@@ -216,16 +293,16 @@ def _layout(rng, s: Settings) -> list[tuple[int, int]] | None:
   return placed
 
 
-def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str]] | None:
-  """(start, `VALUEKEY` text) of each distractor record: a record whose key is never asked, at a free place apart
+def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str, str]] | None:
+  """(start, value, key) of each distractor record: a record whose key is never asked, at a free place apart
   from every other record by >= 1 character. Why: with every record asked once, "the nearest record not asked yet"
   names the right one for most queries, a rule a full-attention layer can follow without matching the key (the Full
   arch learned it: docs/notebook/mini_study.md, "Why the hybrids now learn"); records nobody asks for break that
   rule."""
   taken = bytearray(s.length + 1)
   for p, q in placed:
-    _take(taken, p, s)
-    _take(taken, q, s)
+    _take(taken, p, s.record)
+    _take(taken, q, s.query_length)
   used = {int(k) for k in used_keys}
   free_keys = [k for k in range(s.key_chars ** s.key_length) if k not in used]
   keys = rng.choice(free_keys, size=s.distractors, replace=False)
@@ -233,10 +310,10 @@ def _distractors(rng, s: Settings, placed, used_keys) -> list[tuple[int, str]] |
   for k in keys:
     for _ in range(64):
       p = int(rng.integers(0, s.length - s.record + 1))
-      if _room(taken, p, s):
-        _take(taken, p, s)
+      if _room(taken, p, s.record):
+        _take(taken, p, s.record)
         value = ''.join(string.digits[x] for x in rng.integers(0, s.value_chars, size=s.value_length))
-        out.append((p, value + _key(int(k), s)))
+        out.append((p, value, _key(int(k), s)))
         break
     else:
       return None
@@ -253,7 +330,7 @@ class RecallSource:
     self.split, self.eval_fraction = split, float(data_cfg.eval_fraction)
     n = self.settings.documents
     self._len = n if split == 'train' else max(1, math.ceil(n * self.eval_fraction))
-    self._text = None  # The built-in corpus, opened on first use (not at all when text_fraction is 0).
+    self._text = None  # The built-in corpus, opened on first use (not at all without text documents or haystack).
     # Documents generated ahead (hybrid_jax.data.recall_store), looked up on first use; False: none.
     self._store = None if use_store else False
 
@@ -270,40 +347,69 @@ class RecallSource:
     s, rng = self.settings, self._rng(index)
     if rng.random() < s.text_fraction:
       return RecallDocument(self._text_document(rng), 'text')
+    fewest, most = s.pairs_of(self.split)
+    pairs = most if fewest == most else int(rng.integers(fewest, most + 1))  # No draw unless they mix.
     for _ in range(_ATTEMPTS):
-      placed = _layout(rng, s)
+      placed = _layout(rng, s, pairs)
       if placed is not None:
         break
     else:
-      raise ConfigError(f'config.data.recall: {s.pairs} pairs at distances {s.distance_ranges} could not be placed '
+      raise ConfigError(f'config.data.recall: {pairs} pairs at distances {s.distance_ranges} could not be placed '
                         f'in {s.length} characters in {_ATTEMPTS} attempts; use fewer pairs or shorter distances')
-    keys = rng.choice(s.key_chars ** s.key_length, size=s.pairs, replace=False)
-    values = rng.integers(0, s.value_chars, size=(s.pairs, s.value_length))
-    if s.filler_random:
+    keys = rng.choice(s.key_chars ** s.key_length, size=pairs, replace=False)
+    values = rng.integers(0, s.value_chars, size=(pairs, s.value_length))
+    if s.haystack == 'text':
+      chars = list(self._haystack(rng))
+    elif s.filler_random:
       chars = [s.filler_random[i] for i in rng.integers(len(s.filler_random), size=s.length)]
     else:
       offset = int(rng.integers(len(s.filler)))
       chars = [s.filler[(offset + i) % len(s.filler)] for i in range(s.length)]
     queries = []
     for (p, q), k, v in zip(placed, keys, values):
-      query = Query(_key(int(k), s), ''.join(string.digits[x] for x in v), p, q)
-      chars[p:p + s.record] = query.value + query.key
-      chars[q:q + s.record] = query.key + query.value
+      query = Query(_key(int(k), s), ''.join(string.digits[x] for x in v), p, q, s.record_gap)
+      chars[p:p + s.value_length] = query.value
+      chars[p + s.record - s.key_length:p + s.record] = query.key
+      chars[q:q + s.query_length] = query.key + query.value
       queries.append(query)
     queries.sort(key=lambda x: x.query)
     if s.distractors:
       placed_distractors = _distractors(rng, s, placed, keys)
       if placed_distractors is None:
-        raise ConfigError(f'config.data.recall: {s.distractors} distractor records found no room beside {s.pairs} '
+        raise ConfigError(f'config.data.recall: {s.distractors} distractor records found no room beside {pairs} '
                           f'pairs in {s.length} characters; use fewer distractors or pairs')
-      for start, record in placed_distractors:
-        chars[start:start + s.record] = record
+      for start, value, key in placed_distractors:
+        chars[start:start + s.value_length] = value
+        chars[start + s.record - s.key_length:start + s.record] = key
     return RecallDocument(''.join(chars), 'recall', tuple(queries))
 
-  def _text_document(self, rng) -> str:
+  def _corpus(self):
     from hybrid_jax.data import sources  # pylint: disable=g-import-not-at-top  (sources imports this module)
     if self._text is None:
       self._text = sources.BuiltinSource(self.split, self.eval_fraction)
+    return self._text
+
+  def _haystack(self, rng) -> str:
+    """data.seq_len characters of haystack_text from the corpus of this split: a random file from a random offset,
+    continued by the next files (one pass at most), repeated if the whole pass is shorter."""
+    corpus, length = self._corpus(), self.settings.length
+    n = len(corpus)
+    i = int(rng.integers(n))
+    first = haystack_text(corpus[i])
+    parts = [first[int(rng.integers(max(1, len(first) - length + 1))):]]
+    for j in range(1, n):
+      if sum(map(len, parts)) >= length:
+        break
+      parts.append(haystack_text(corpus[(i + j) % n]))
+    text = ''.join(parts)
+    if not text:
+      raise ConfigError(f"config.data.recall.haystack='text' is invalid here: the built-in corpus's {self.split} "
+                        'split holds no characters once digits and upper-case letters are removed; use '
+                        "haystack='filler'")
+    return (text * -(-length // len(text)))[:length]
+
+  def _text_document(self, rng) -> str:
+    self._corpus()
     n = len(self._text)
     i = int(rng.integers(n))
     first = ascii_fold(self._text[i])
