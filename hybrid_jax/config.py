@@ -13,9 +13,9 @@ import shlex
 
 import ml_collections
 
-from hybrid_jax import config_keys as keys
+from hybrid_jax import checks, config_keys as keys
 from hybrid_jax.data import validation as data_validation
-from hybrid_jax.errors import ConfigError
+from hybrid_jax.errors import ConfigError, InputError
 from hybrid_jax.models import validation as model_validation
 from hybrid_jax.models.mixers import registry
 from hybrid_jax.parallel import validation as parallel_validation
@@ -242,6 +242,22 @@ def _validate_train(c):
   if not isinstance(keys.value(c, 'train.init_from'), str):
     keys.fail('train.init_from', c.train.init_from, "must be a run directory or '' (random init)")
   _validate_probe_schedule(c)
+  _validate_canary(c)
+
+
+def _validate_canary(c):
+  """The numerics canary's cadence ('auto', or steps: a command line gives them as text) and what it reruns."""
+  every = keys.value(c, 'train.numerics_canary_every')
+  if every != 'auto':
+    try:
+      checks.number(every, 'config.train.numerics_canary_every', integer=True, nonnegative=True)
+    except InputError:
+      keys.fail('train.numerics_canary_every', every,
+                "must be 'auto' (off on CPU, on at GPU and TPU), 0 (off) or a positive integer (steps between checks)")
+  keys.positive_int(c, 'train.numerics_canary_rows')
+  keys.number(c, 'train.numerics_canary_tokens', integer=True, nonnegative=True)  # 0 = data.seq_len.
+  for key in ('numerics_canary_tolerance_float32', 'numerics_canary_tolerance_bfloat16'):
+    keys.number(c, f'train.{key}', positive=True)
 
 
 def _validate_probe_schedule(c):

@@ -4,7 +4,8 @@ The hooks live above train/ (eval/, analysis/, bench/); each cadence is declared
 that says what runs during training: held-out evaluation every train.eval_every steps and at the end, the
 retrieval-head probe every train.retrieval_probe_every steps (every train.retrieval_probe_dense_every up to
 train.retrieval_probe_dense_until), which with train.stop_when_formed also ends the run once retrieval has formed,
-and the profiler over train.profile_steps steps after train.profile_start. Checkpointing and the metric writers stay
+the profiler over train.profile_steps steps after train.profile_start, and the numerics canary every
+train.numerics_canary_every steps (hybrid_jax.train.canary). Checkpointing and the metric writers stay
 in the loop: resuming bit for bit depends on them.
 """
 
@@ -15,7 +16,7 @@ from hybrid_jax.data.pipeline import held_out_documents, make_eval_batches
 from hybrid_jax.eval import position
 from hybrid_jax.eval.perplexity import evaluate_packed
 from hybrid_jax.parallel import distributed
-from hybrid_jax.train import hooks, loop, metrics
+from hybrid_jax.train import canary, hooks, loop, metrics
 
 
 class HeldOutEval(hooks.Hook):
@@ -96,8 +97,8 @@ class RetrievalProbeHook(hooks.Hook):
 
 
 def wire(context: hooks.LoopContext) -> list:
-  """Held-out evaluation, the retrieval probe (when configured) and the profiler, in the order they run, each with
-  its cadence: one line here adds an evaluation during training."""
+  """Held-out evaluation, the retrieval probe (when configured), the profiler and the numerics canary, in the order
+  they run, each with its cadence: one line here adds an evaluation during training."""
   t = context.config.train
   out = [hooks.every(t.eval_every, HeldOutEval(context), last=t.steps - 1)]  # The last step's is at_end's.
   probe = callbacks.make_retrieval_probe(context.config, context.model_def, context.mesh)
@@ -108,6 +109,9 @@ def wire(context: hooks.LoopContext) -> list:
     out.append(hooks.window(t.profile_start + 1, t.profile_start + t.profile_steps,
                             StepProfiler(context.workdir, t.profile_start, t.profile_steps, context.lead,
                                          context.train_step)))
+  canary_every = canary.every(t, context.mesh)  # train.numerics_canary_every, 'auto' by platform.
+  if canary_every:  # At step 1 too: a kernel wrong from the start shows at once.
+    out.append(hooks.every(canary_every, canary.NumericsCanary(context), dense_every=1, dense_until=1))
   return out
 
 

@@ -195,6 +195,22 @@ def get_config(arg=None):
   # <workdir>/tensorboard (TensorBoard's profile tab, Perfetto), the time by model part to profile_breakdown.json.
   t.profile_start = 0
   t.profile_steps = 3
+  # Numerics canary (hybrid_jax.train.canary): at step 1 and every N steps, the first layer of each mixer kind is
+  # rerun on a slice of the batch with the configured kernels (model.dtype) and with the 'xla' ones (float32), and
+  # the relative gap |a - b| / |b| is logged as canary/layer<i>_<kind>_gap; a gap above the tolerance of
+  # model.dtype logs one warning per layer. An integer N (0 = off), or 'auto': off on CPU, whose kernels are the
+  # 'xla' ones already, and 500 on GPU and TPU, where Pallas and cuDNN kernels run: a check costs about one forward
+  # pass of one row through the first layers, a few thousandths of a percent of training at that cadence, and a
+  # kernel that goes wrong only on later training's inputs (stronger decays, other documents) shows within 500 steps.
+  t.numerics_canary_every = ml_collections.FieldReference('auto', field_type=object)
+  t.numerics_canary_rows = 1  # Rows of the batch rerun (at most train.batch_size).
+  # Tokens of each row rerun, from its start (at most data.seq_len; 0 = data.seq_len). The 'xla' reference of full
+  # attention holds a T x T score matrix per head in float32: 2048 tokens keep it at 16 MB a head.
+  t.numerics_canary_tokens = 2048
+  # The largest gap that is not a defect, by model.dtype: float32 kernels agree to about 1e-5 (docs/KERNELS.md,
+  # "Tolerances"); a bfloat16 layer rounds its projections and activations, about 5e-3 against float32.
+  t.numerics_canary_tolerance_float32 = 1e-4
+  t.numerics_canary_tolerance_bfloat16 = 2e-2  # Also float16's (finer than bfloat16).
 
   # ------------------------------------------------------------------------------------------------ eval
   e = c.eval = ml_collections.ConfigDict()

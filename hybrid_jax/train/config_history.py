@@ -72,6 +72,10 @@ KEY_CLASSES = {
     # When training ends (train.steps stays the cap); no step trains differently.
     'train.stop_when_formed': OPERATIONAL, 'train.formed_threshold': OPERATIONAL, 'train.formed_probes': OPERATIONAL,
     'train.profile_steps': OPERATIONAL,
+    # A check beside training: no step trains differently.
+    'train.numerics_canary_every': OPERATIONAL, 'train.numerics_canary_rows': OPERATIONAL,
+    'train.numerics_canary_tokens': OPERATIONAL, 'train.numerics_canary_tolerance_float32': OPERATIONAL,
+    'train.numerics_canary_tolerance_bfloat16': OPERATIONAL,
     'eval.*': OPERATIONAL,  # The final evaluation only.
     'parallel.*': OPERATIONAL,  # Checkpoints restore onto any mesh.
 }
