@@ -6,7 +6,7 @@ import os
 import jax
 
 from hybrid_jax import bench, checks
-from hybrid_jax.bench import attention, data, decode, scan, step
+from hybrid_jax.bench import attention, data, decode, kernel_errors, scan, step
 from hybrid_jax.commands import parsing
 from hybrid_jax.kernels.attention import IMPLEMENTATIONS
 from hybrid_jax.kernels.scan_checks import IMPLEMENTATION_NAMES
@@ -183,11 +183,21 @@ def _data(argv) -> int:
   return data.run(args, overrides)
 
 
-_BENCHMARKS = {'attention': _attention, 'scan': _scan, 'decode': _decode, 'step': _step, 'data': _data}
+def _kernel_errors(argv) -> int:
+  p = _parser('kernel-errors', kernel_errors.__doc__.split('\n')[0])
+  p.add_argument('--kernels', type=checks.flag_choices(kernel_errors.KERNELS, 'kernels'),
+                 default=list(kernel_errors.KERNELS), help=f'comma-separated, of {list(kernel_errors.KERNELS)}')
+  p.add_argument('--chunk', type=int, choices=[16, 32, 64, 128], default=64, help='chunk length of the scans')
+  p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='input dtype')
+  return kernel_errors.run(p.parse_args(argv))
+
+
+_BENCHMARKS = {'attention': _attention, 'scan': _scan, 'decode': _decode, 'step': _step, 'data': _data,
+               'kernel-errors': _kernel_errors}
 
 
 def main(argv) -> int:
-  """Time kernels, decoding and the sharded train step (attention, scan, decode, step)."""
+  """Time kernels, decoding and the sharded train step (attention, scan, decode, step); kernels' errors by regime."""
   parser = parsing.ArgumentParser(prog='python -m hybrid_jax bench', description=bench.__doc__.splitlines()[0])
   parser.add_argument('name', metavar='NAME', choices=list(_BENCHMARKS),
                       help=f'the benchmark: {", ".join(_BENCHMARKS)} (NAME --help lists its flags)')
