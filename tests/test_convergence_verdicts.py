@@ -4,7 +4,7 @@ paired test across seeds, the formation rate, the summary's per-seed records and
 import math
 
 import pytest
-from scipy import stats
+from scipy import optimize, stats
 
 from hybrid_jax.analysis import formation
 from hybrid_jax.study import convergence, mini_scoring as scoring, presets, verdicts
@@ -279,3 +279,85 @@ def test_gradient_share_without_formation_reads_every_probe_and_needs_two_window
   formed_first = _gradient([0.6, 0.4, 0.2], steps=(250, 750, 750))  # No probe before the earliest formation.
   assert formed_first.status == NOT_ASSESSABLE and 'before step 250' in formed_first.text()
 
+
+
+# Power: what a verdict that cannot separate could have detected (hybrid_jax.study.power).
+
+def test_nope_states_what_its_design_detects_when_it_cannot_separate():
+  rope = _pairs(ROPE)
+  noisy_far = _shifted(ROPE, 0.05, noise=(0.3, -0.3, 0.2, -0.1, 0.0))
+  v = _nope(rope, _pairs(noisy_far))
+  assert v.status == NOT_SEPARABLE
+  differences = [noisy_far[s] - ROPE[s] for s in ROPE]  # the pairing: the spread of the seed-by-seed differences
+  sd = stats.tstd(differences)
+  # The smallest mean difference whose paired t test (4 df, noncentrality delta / (sd / sqrt 5)) rejects 80 %.
+  delta = sd / math.sqrt(5) * optimize.brentq(
+      lambda nc: stats.nct.sf(stats.t.ppf(0.975, 4), 4, nc) + stats.nct.cdf(-stats.t.ppf(0.975, 4), 4, nc) - 0.8,
+      1.0, 6.0)
+  p = stats.ttest_rel(list(noisy_far.values()), list(ROPE.values())).pvalue
+  part = next(line for line in v.evidence if line.startswith(f'recall {FAR}'))
+  assert f'not separable (p {p:.2g}); the design detects >= {delta:.2f} at 80 % power' in part, part
+  assert 'the signed-rank test cannot reach p < 0.05 at 5 pairs (smallest p 0.0625)' in part
+  assert v.power[f'recall {FAR}']['detectable'] == pytest.approx(delta, rel=1e-6)
+  assert v.power[f'recall {FAR}']['pairs'] == 5 and v.power[f'recall {FAR}']['wilcoxon_detectable'] is None
+  assert f', detects >= {delta:.2f})' in v.measured
+  # Present and absent effects are told apart from this one: neither is 'not separable'.
+  present, absent = _nope(rope, _pairs(_shifted(ROPE, 0.15))), _nope(rope, _pairs(_shifted(ROPE, 0.0)))
+  assert present.status == REPRODUCED and absent.status == NOT_REPRODUCED
+  assert not any('not separable' in line for line in present.evidence + absent.evidence)
+  assert absent.power[f'recall {FAR}']['detectable'] < 0.02  # a tight design: an absent effect, not a blind one
+
+
+def test_nope_at_a_fixed_budget_pairs_every_seed_in_context_and_beyond():
+  """mini-5k trains both arches the same steps: every seed pair counts, formed or not, in context and at 2x."""
+  rope = {seed: _run(far=value, formed=seed < 3) for seed, value in ROPE.items()}
+  gain = _shifted(ROPE, 0.15)
+  no_pe = {seed: _run(far=gain[seed], formed=seed in (0, 1)) for seed in ROPE}
+  for seed in no_pe:  # in context NoPE recalls less, seed by seed: a cost
+    no_pe[seed]['recall']['all'] = 0.6 + 0.01 * seed
+    rope[seed]['recall']['all'] = 0.9 - 0.01 * seed
+  summary = {'SWA-128': _arch(rope), 'SWA-128-NoPE': _arch(no_pe)}
+  until_formed = verdicts.nope(summary, (FAR,))
+  assert until_formed.status == NOT_SEPARABLE and 'only 2 seed(s) formed in both arches' in until_formed.text()
+  fixed = verdicts.nope(summary, (FAR,), fixed_steps=True)
+  assert 'over every seed pair (the same steps each, formed or not)' in fixed.measured
+  assert 'recall in context' in fixed.measured and f'recall {FAR}' in fixed.measured and '5 pairs' in fixed.measured
+  assert fixed.status == NOT_REPRODUCED, fixed.text()  # the gain at 2x does not buy off the cost in context
+  assert set(fixed.power) == {'recall in context', f'recall {FAR}', 'held-out loss'}
+  for seed in no_pe:
+    no_pe[seed]['recall']['all'] = rope[seed]['recall']['all']
+  assert verdicts.nope(summary, (FAR,), fixed_steps=True).status == REPRODUCED
+  # The presets choose: mini trains until formed, mini-5k a fixed budget.
+  assert mini_report_nope(summary, 'mini').measured.startswith('2 formed pairs')
+  assert 'every seed pair' in mini_report_nope(summary, 'mini-5k').measured
+
+
+def mini_report_nope(summary, preset):
+  """The NoPE verdict as the report judges it for `preset`, on full summary entries carrying these runs."""
+  from hybrid_jax.study import mini_report
+  from tests.test_study_verdicts import _entry
+  full = {label: {**_entry({}, {}, formation=[500] * len(entry['per_seed'])), 'per_seed': entry['per_seed']}
+          for label, entry in summary.items()}
+  return mini_report.judge(full, presets.PRESETS[preset])[-1]
+
+
+def test_emergence_states_what_kruskal_wallis_and_the_intervals_detect():
+  steps = [[1000, 1250, 1000, 1250]] * 4
+  finals = SAME[:3] + [[1.0, 0.85, 1.0, 0.9]]
+  v = _emergence(steps, finals)
+  assert v.status == NOT_SEPARABLE
+  # Kruskal-Wallis: the ANOVA's noncentral F at N x 3/pi runs, times the pooled spread within arches.
+  n, k = 16 * 3 / math.pi, 4
+  crit = stats.f.ppf(0.95, k - 1, n - k)
+  lam = optimize.brentq(lambda x: stats.ncf.sf(crit, k - 1, n - k, x) - 0.8, 0.1, 200)
+  pooled = math.sqrt(sum(stats.tvar(s) * 3 for s in steps) / 12)
+  detectable = math.sqrt(lam / n) * pooled
+  assert f'the design detects arch means spread by a standard deviation >= {detectable:.0f} steps' in v.evidence[1]
+  assert v.power['kruskal_wallis']['detectable_sd_of_means'] == pytest.approx(detectable, rel=1e-6)
+  # Equivalence: the margin the Welch interval of best - GDN falls below 80 % of the time were they equal.
+  best, gdn = SAME[0], finals[3]
+  va, vb = stats.tvar(best) / 4, stats.tvar(gdn) / 4
+  df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 3)
+  margin = math.sqrt(va + vb) * (stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df))
+  assert v.power['equivalence']['provable_margin'] == pytest.approx(margin, rel=1e-6)
+  assert f'shows equivalence within >= {margin:.3f} at 80 % power' in v.evidence[2]

@@ -224,3 +224,27 @@ def test_the_table_has_one_row_per_verdict_with_its_numbers():
   for row, v in zip(rows[2:], judged):
     assert row.count(' | ') == 2 and row.endswith(f'| {v.status} |') and v.name in row
   assert 'formation step by window: SWA-128 (window 8)' in rows[4]
+
+
+def test_a_trend_that_cannot_separate_states_the_rho_its_runs_detect():
+  noisy = _windowed([[500, 2500, 1000], [1500, 750, 2000], [1000, 1750, 750]])
+  v = verdicts.laziness(noisy, presets.WINDOW_ARCHES, 250, 5000)
+  assert v.status == NOT_SEPARABLE
+  # Fisher z at 9 runs, by hand: tanh((1.95996 + 0.84162) x sqrt(1.06 / 6)) = tanh(1.17757) = 0.8266.
+  assert v.power['trend']['runs'] == 9 and v.power['trend']['detectable_rho'] == pytest.approx(0.8266, abs=1e-4)
+  line = next(e for e in v.evidence if e.startswith('Trend of that step'))
+  assert 'not separable (p ' in line and 'the design detects |rho| >= 0.83 at 80 % power' in line
+  assert 'detects |rho| >= 0.83 at 80 % power' in v.measured
+  present = verdicts.laziness(_windowed([[500, 750, 500], [1000, 1250, 1000], [2000, 2250, 2500]]),
+                              presets.WINDOW_ARCHES, 250, 5000)
+  assert present.status == REPRODUCED and not any('not separable' in e for e in present.evidence)
+
+
+def test_a_drop_inside_its_spread_states_the_drop_the_rule_separates():
+  noisy = {'SWA-2048': _entry({}, {BETWEEN: [0.95, 0.3, 0.95]})}  # drops 0.05, 0.7, 0.05: mean 0.27, std 0.31
+  v = _where(noisy)
+  assert v.status == NOT_SEPARABLE
+  assert 'at this spread the rule separates drops of at least 0.31' in v.text()
+  assert v.power[f'SWA-2048 {BETWEEN}']['smallest_separable_drop'] == pytest.approx(0.3064, abs=1e-4)
+  clear = _where({'SWA-2048': _entry({}, {BETWEEN: [0.3, 0.2, 0.25]})})
+  assert clear.status == REPRODUCED and 'rule separates' not in clear.text()

@@ -17,7 +17,7 @@ import numpy as np
 from scipy import stats
 
 from hybrid_jax.analysis.formation import CONSECUTIVE, THRESHOLD, formation_step, formed_at, should_stop
-from hybrid_jax.study import trend
+from hybrid_jax.study import power, trend
 
 __all__ = ['CONSECUTIVE', 'THRESHOLD', 'formation_step', 'formed_at', 'should_stop', 'equivalence', 'paired',
            'formation_rate']
@@ -79,7 +79,8 @@ def paired(a: dict, b: dict, min_effect: float, alternative: str = 'two-sided', 
 
   Returns 'n' (pairs), 'dropped' (seeds that could not be paired), 'seeds', 'mean' (mean of a - b), 'interval' (its
   two-sided t interval at `confidence`), 'p' (paired t test, `alternative` as scipy's: 'two-sided', 'greater' or
-  'less'), 'wilcoxon_p' (the signed-rank test beside it) and 'outcome' in verdicts.compare's terms:
+  'less'), 'wilcoxon_p' (the signed-rank test beside it), 'power' (what each test detects over these pairs at their
+  spread, hybrid_jax.study.power.paired_design; None below two pairs) and 'outcome' in verdicts.compare's terms:
   - 'greater' / 'less': p < trend.ALPHA and the mean difference at least `min_effect` in that direction (a one-sided
     `alternative` can find only its own direction);
   - 'same': the whole interval inside ±min_effect, so an effect that counts would have shown;
@@ -89,7 +90,7 @@ def paired(a: dict, b: dict, min_effect: float, alternative: str = 'two-sided', 
   """
   seeds = sorted(s for s in set(a) & set(b) if _number(a[s]) and _number(b[s]))
   out = {'n': len(seeds), 'dropped': len(set(a) | set(b)) - len(seeds), 'seeds': seeds, 'alternative': alternative,
-         'mean': None, 'interval': None, 'p': None, 'wilcoxon_p': None, 'outcome': 'unclear'}
+         'mean': None, 'interval': None, 'p': None, 'wilcoxon_p': None, 'power': None, 'outcome': 'unclear'}
   if len(seeds) < 2:
     return out
   x, y = (np.asarray([float(side[s]) for s in seeds]) for side in (a, b))
@@ -108,7 +109,8 @@ def paired(a: dict, b: dict, min_effect: float, alternative: str = 'two-sided', 
   else:
     outcome = 'unclear'
   return {**out, 'mean': mean, 'interval': interval, 'p': p,
-          'wilcoxon_p': None if math.isnan(wilcoxon) else wilcoxon, 'outcome': outcome}
+          'wilcoxon_p': None if math.isnan(wilcoxon) else wilcoxon, 'outcome': outcome,
+          'power': power.paired_design(x, y, alternative)}
 
 
 def formation_rate(formed: int, total: int, confidence: float = 0.95) -> dict:

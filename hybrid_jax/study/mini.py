@@ -209,10 +209,12 @@ def run_study(preset_name: str, out_dir, *, seeds: int | None = None, arches: li
             'formation_threshold': preset.formation_threshold,
             'wall_time_s': time.perf_counter() - started, 'runs': results}
   report['summary'] = scoring.summarize(results, preset)
+  report['load'] = mini_report.loads(arches, preset)
   judged = mini_report.judge(report['summary'], preset)
   report['table'] = verdicts.table(judged)
   report['verdicts'] = [v.text() for v in judged]
   report['verdict_status'] = {v.name: v.status for v in judged}
+  report['verdict_power'] = {v.name: v.power for v in judged}  # What each verdict's tests detect (study/power.py).
   report['findings'] = mini_report.findings(report) + report['verdicts']
   (out_dir / 'report.json').write_text(json.dumps(report, indent=2) + '\n')
   from hybrid_jax.study import mini_plot  # pylint: disable=g-import-not-at-top  (matplotlib only when plotting)

@@ -1,6 +1,6 @@
 """The mini-study's verdicts and plain findings, read from the summary over seeds (hybrid_jax.study.mini_scoring)."""
 
-from hybrid_jax.study import convergence, verdicts
+from hybrid_jax.study import convergence, load, verdicts
 from hybrid_jax.study.presets import (ARCHES, BEYOND_CONTEXT, BUCKETS, EXTRAPOLATION_BUCKETS, PRESETS,
                                       RECURRENT_ARCHES, WINDOW_ARCHES, Preset, at_factor, run_config)
 from hybrid_jax.study.verdicts import pm
@@ -40,7 +40,18 @@ def judge(summary: dict, preset: Preset) -> list:
           verdicts.laziness(summary, WINDOW_ARCHES, preset.probe_every, preset.steps, lazy_caveat),
           verdicts.gradient_mechanism(summary, WINDOW_ARCHES, _BETWEEN, lazy_caveat),
           verdicts.emergence_vs_final(summary),
-          verdicts.nope(summary, [at_factor(BEYOND_CONTEXT, f) for f in preset.extrapolation_factors])]
+          verdicts.nope(summary, [at_factor(BEYOND_CONTEXT, f) for f in preset.extrapolation_factors],
+                        fixed_steps=not preset.stop_when_formed)]
+
+
+def loads(labels, preset: Preset) -> dict:
+  """{label: recall_load} of each arch (hybrid_jax.study.load): the records its recurrent layers are asked to hold
+  per key dimension; {} for an arch without a recurrent layer."""
+  out = {}
+  for label in labels:
+    config = run_config(label, preset)
+    out[label] = load.recall_load(config.data, config.model)
+  return out
 
 
 def _formed(f: dict, what: str, steps: int, probe_every: int, seeds: int) -> str:
@@ -67,9 +78,11 @@ def findings(report: dict) -> list[str]:
   r = run_config('Full', preset).data.recall
   chance = 1 / r.value_chars ** r.value_length
   n = len(report['seeds'])
+  pairs = f'{r.pairs_min} to {r.pairs}' if r.pairs_min and r.pairs_min != r.pairs else f'{r.pairs}'
+  held = f' (held-out documents {r.eval_pairs or r.pairs})' if pairs != f'{r.eval_pairs or r.pairs}' else ''
   lines = [
       f"Setup: {p['scale']} scale {dict(p['model']) or ''}, {p['steps']} steps of {p['batch_size']} rows of "
-      f"{p['seq_len']} bytes, {n} seed(s). Recall documents hold {r.pairs} key-value pairs (keys of {r.key_length} "
+      f"{p['seq_len']} bytes, {n} seed(s). Recall documents hold {pairs}{held} key-value pairs (keys of {r.key_length} "
       f"of {r.key_chars} letters, values of {r.value_length} of {r.value_chars} digits: chance {chance:.3f}), "
       f"{r.text_fraction:.0%} of documents are ordinary text{'; ' + str(recall) if recall else ''}. The study's "
       f"windows 128 / 512 / 2048 are {p['small_window']} / {p['middle_window']} / {p['large_window']} tokens here. "
@@ -102,5 +115,9 @@ def findings(report: dict) -> list[str]:
                 p['steps'], p['probe_every'], n) + '; ' + _converged(e) +
         f"; gradient to the full layers' queries and keys up to step {p['signal_until']}: " +
         ', '.join(f"{b} {pm(e['gradient_signal'][b], 4)}" for b in BUCKETS) + '.')
+  described = {label: load.describe(x) for label, x in (report.get('load') or {}).items() if x}
+  if described:
+    lines.append('Load (records per recurrent key dimension, hybrid_jax.study.load): ' +
+                 '; '.join(f'{label}: {text}' for label, text in described.items()) + '.')
   lines.append("Not shown: anything about the study's scales, token budgets, natural-text retrieval or 16K context.")
   return lines

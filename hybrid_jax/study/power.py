@@ -151,11 +151,11 @@ def paired_design(x, y, alternative: str = 'two-sided') -> dict:
           'wilcoxon': wilcoxon(n, sd, alternative=alternative), 'wilcoxon_min_p': wilcoxon_min_p(n, alternative)}
 
 
-def detects(effect, digits: int = 2, what: str = '') -> str:
-  """'the design detects >= 0.31 at 80 % power' (what: the effect's name, e.g. '|rho| '), or why it detects
-  nothing."""
+def detects(effect, digits: int = 2, what: str = '', unit: str = '') -> str:
+  """'the design detects >= 0.31 at 80 % power' (what: the effect's name, e.g. '|rho| '; unit: after the number),
+  or why it detects nothing."""
   if effect is None:
     return 'no detectable effect can be stated (fewer than two values a side)'
   if effect == math.inf:
     return f'the design cannot reach p < {ALPHA} at any effect'
-  return f'the design detects {what}>= {effect:.{digits}f} at {POWER:.0%} power'.replace('%', ' %')
+  return f'the design detects {what}>= {effect:.{digits}f}{unit} at {POWER * 100:.0f} % power'

@@ -15,6 +15,11 @@ claims about converged models (emergence vs final recall, NoPE) are read on the 
 seed by seed, with the statistics of hybrid_jax.study.convergence. A claim whose precondition fails (the
 arch never learned to recall where the claim is about) is 'not assessable' and says why.
 
+Every verdict states its power (hybrid_jax.study.power): the smallest effect its test would have found at 80 % power
+and alpha 0.05 with these seeds and this spread, so "not separable (p 0.10); the design detects >= 0.31 at 80 %
+power" tells a design too small for the effect from an effect that is absent. `Verdict.power` holds the numbers
+(report.json, 'verdict_power').
+
 Everything here works on the report's summary (hybrid_jax.study.mini_scoring.summarize), so the logic is tested on
 hand-built summaries without training anything.
 """
@@ -24,7 +29,7 @@ import dataclasses
 import numpy as np
 from scipy import stats
 
-from hybrid_jax.study import convergence, trend
+from hybrid_jax.study import convergence, power, trend
 
 REPRODUCED = 'reproduced'
 NOT_REPRODUCED = 'not reproduced'
@@ -91,6 +96,37 @@ def combine(statuses) -> str:
   return NOT_SEPARABLE if NOT_SEPARABLE in statuses else NOT_ASSESSABLE
 
 
+def unseparated(p: float, effect, digits: int = 2, what: str = '', unit: str = '') -> str:
+  """'not separable (p 0.10); the design detects >= 0.31 at 80 % power': a verdict that cannot tell, with what it
+  could have told."""
+  return f'not separable (p {p:.2g}); {power.detects(effect, digits, what, unit)}'
+
+
+def _finite(effect):
+  """A detectable effect for report.json: None for 'detects nothing' (math.inf)."""
+  return None if effect is None or effect == float('inf') else float(effect)
+
+
+def _paired_power(result: dict) -> dict:
+  """The power numbers of a convergence.paired result, for report.json."""
+  design = result.get('power') or {}
+  return {'test': 'paired t (signed-rank beside it)', 'pairs': result['n'], 'sd_of_differences': design.get('sd'),
+          'detectable': _finite(design.get('paired_t')), 'wilcoxon_detectable': _finite(design.get('wilcoxon')),
+          'wilcoxon_smallest_p': design.get('wilcoxon_min_p'), 'power': power.POWER, 'alpha': power.ALPHA}
+
+
+def _unseparated_pairs(result: dict, digits: int = 2) -> str:
+  """'not separable (p 0.10); the design detects >= 0.31 at 80 % power (paired t; the signed-rank test ...)' of a
+  convergence.paired result."""
+  design = result.get('power') or {}
+  wilcoxon = design.get('wilcoxon')
+  if wilcoxon == float('inf'):
+    signed = f"cannot reach p < {power.ALPHA} at {result['n']} pairs (smallest p {design['wilcoxon_min_p']:.3g})"
+  else:
+    signed = power.detects(wilcoxon, digits).replace('the design ', '')
+  return f"{unseparated(result['p'], design.get('paired_t'), digits)} (paired t; the signed-rank test {signed})"
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
   name: str
@@ -98,6 +134,7 @@ class Verdict:
   status: str
   evidence: list  # One sentence per part, with its numbers.
   measured: str = ''  # One cell of the report's table: the numbers the status is read from, with the statistic.
+  power: dict = dataclasses.field(default_factory=dict)  # What each part's test detects (hybrid_jax.study.power).
 
   def text(self) -> str:
     return f"{self.name}: {self.status.upper()}. The study: {self.claim} Here: {' '.join(self.evidence)}"
@@ -120,7 +157,7 @@ def where_retrieval_lives(summary: dict, cases, caveat: str = '', name: str = 'W
   recalls: between the windows for a large-window hybrid (its sliding layers could serve it there, yet its full
   layers do), beyond the small window for the small-window and recurrent hybrids (a recurrent state reaches every
   distance, so this is where a recurrent layer could carry the pair instead). `caveat` joins the evidence."""
-  parts, evidence, cells = [], [], []
+  parts, evidence, cells, powers = [], [], [], {}
   for label, bucket in cases:
     if label not in summary:
       continue
@@ -132,16 +169,23 @@ def where_retrieval_lives(summary: dict, cases, caveat: str = '', name: str = 'W
       continue
     outcome = compare(entry['drop'][bucket], constant(0.0), MIN_ACCURACY_EFFECT)
     parts.append(status(outcome))
+    drop = entry['drop'][bucket]
+    # The rule (compare) separates a drop of at least MIN_ACCURACY_EFFECT and beyond one standard deviation.
+    smallest = max(MIN_ACCURACY_EFFECT, drop['std']) if drop['std'] is not None else None
+    powers[f'{label} {bucket}'] = {'test': f'mean drop >= {MIN_ACCURACY_EFFECT} and beyond 1 std over seeds',
+                                   'seeds': len(drop['values'] or []), 'smallest_separable_drop': smallest}
+    why = (f'; at this spread the rule separates drops of at least {smallest:.2f}'
+           if outcome == 'unclear' and smallest is not None and len(drop['values'] or []) >= 2 else '')
     evidence.append(f'{label} {bucket}: recall {pm(entry["accuracy"][bucket])} as trained, '
                     f'{pm(entry["restricted"][bucket])} with its full layers restricted '
-                    f'(drop {pm(entry["drop"][bucket])}: {status(outcome)}).')
+                    f'(drop {pm(drop)}: {status(outcome)}{why}).')
     cells.append(f'{label} {bucket} {pm(entry["drop"][bucket])}')
   if not cells:
     return Verdict(name, _WHERE_CLAIM, NOT_ASSESSABLE, ['none of these arches was run.'], 'n/a')
   seeds = sorted({len(summary[label]['seeds']) for label, _ in cases if label in summary})
   measured = (f"recall drop when the full layers see only the small window (mean ± std over {'/'.join(map(str, seeds))}"
               f" seeds; counts when ≥ {MIN_ACCURACY_EFFECT} and beyond 1 std): " + '; '.join(cells))
-  return Verdict(name, _WHERE_CLAIM, combine(parts), evidence + ([caveat] if caveat else []), measured)
+  return Verdict(name, _WHERE_CLAIM, combine(parts), evidence + ([caveat] if caveat else []), measured, powers)
 
 
 _WHERE_CLAIM = ('long-range retrieval is carried by the full-attention layers, even where an efficient layer could '
@@ -149,6 +193,18 @@ _WHERE_CLAIM = ('long-range retrieval is carried by the full-attention layers, e
 
 
 _TREND_STATUS = {'reproduced': REPRODUCED, 'not reproduced': NOT_REPRODUCED, 'not separable': NOT_SEPARABLE}
+
+
+def _trend_power(result: dict) -> dict:
+  return {'test': 'Spearman rank trend (permutation p)', 'runs': result['n'],
+          'detectable_rho': power.spearman(result['n']), 'power': power.POWER, 'alpha': power.ALPHA}
+
+
+def _trend_verdict_text(result: dict, verdict: str) -> str:
+  """The verdict of a trend, with what the design detects when it cannot separate."""
+  if verdict != NOT_SEPARABLE or result['rho'] is None:
+    return verdict
+  return unseparated(result['p'], power.spearman(result['n']), what='|rho| ')
 
 
 def _points(summary: dict, labels, values) -> tuple[list, list]:
@@ -185,11 +241,17 @@ def laziness(summary: dict, window_labels, probe_every: int, steps: int, caveat:
                         if summary[label]['formation']['ablation']['never'] else '') for label in present)
   evidence = [f'first probe (every {probe_every} steps) at which ablating the full heads of a layer costs recall '
               f'beyond the large window: {per_arch}; censored runs count as step {steps + probe_every}.',
-              f'Trend of that step with the window: {trend.describe(heads)}: {verdict}.',
+              f'Trend of that step with the window: {trend.describe(heads)}: {_trend_verdict_text(heads, verdict)}.',
               f'The first step at which recall beyond the large window reaches the formation threshold: '
               f'{trend.describe(first)}.']
-  measured = f'formation step by window: {per_arch}; {trend.describe(heads)}'
-  return Verdict('Large-window laziness', _LAZY_CLAIM, verdict, evidence + ([caveat] if caveat else []), measured)
+  measured = f'formation step by window: {per_arch}; {trend.describe(heads)}{_detects_rho(heads)}'
+  return Verdict('Large-window laziness', _LAZY_CLAIM, verdict, evidence + ([caveat] if caveat else []), measured,
+                 {'trend': _trend_power(heads)})
+
+
+def _detects_rho(result: dict) -> str:
+  rho = power.spearman(result['n'])
+  return '' if rho is None else f'; detects |rho| >= {rho:.2f} at {power.POWER * 100:.0f} % power'
 
 
 _LAZY_CLAIM = 'a larger sliding window delays the formation of retrieval heads in the full-attention layers.'
@@ -224,9 +286,10 @@ def gradient_mechanism(summary: dict, window_labels, bucket: str, caveat: str = 
   evidence = [f"share of the gradient into the full layers' query and key projections that answers {bucket} send "
               f"(their norm over the sum of every bucket's norm), mean over {read}"
               f"{'' if until is None else ', the earliest formation among these runs'}: {per_arch}.",
-              f'Trend with the window: {trend.describe(result)}: {verdict}.']
+              f'Trend with the window: {trend.describe(result)}: {_trend_verdict_text(result, verdict)}.']
   return Verdict('Gradient signal behind laziness', _SIGNAL_CLAIM, verdict, evidence + ([caveat] if caveat else []),
-                 f'q/k gradient share {bucket}, {read}: {per_arch}; {trend.describe(result)}')
+                 f'q/k gradient share {bucket}, {read}: {per_arch}; {trend.describe(result)}{_detects_rho(result)}',
+                 {'trend': _trend_power(result)})
 
 
 _SIGNAL_CLAIM = ('a larger window weakens the gradient that long-range answers send to the full-attention layers '
@@ -256,14 +319,17 @@ def _rate(label: str, entry: dict) -> str:
 
 
 def _paired_text(result: dict, digits: int = 2) -> str:
-  """'+0.42 (95% t interval 0.30 to 0.54; paired t p = 0.001, Wilcoxon p = 0.06; 5 pairs)'."""
+  """'+0.42 (95% t interval 0.30 to 0.54; paired t p = 0.001, Wilcoxon p = 0.06; 5 pairs, detects >= 0.12)':
+  detects, the paired t's smallest effect at 80 % power (hybrid_jax.study.power)."""
   if result['mean'] is None:
     return f"not measured ({result['n']} pairs)"
   low, high = result['interval']
   wilcoxon = 'n/a' if result['wilcoxon_p'] is None else f"{result['wilcoxon_p']:.3g}"
   dropped = f", {result['dropped']} seed(s) unpaired" if result['dropped'] else ''
+  detectable = (result.get('power') or {}).get('paired_t')
+  detects = '' if detectable is None else f', detects >= {detectable:.{digits}f}'
   return (f"{result['mean']:+.{digits}f} (95% t interval {low:.{digits}f} to {high:.{digits}f}; paired t p = "
-          f"{result['p']:.3g}, Wilcoxon p = {wilcoxon}; {result['n']} pairs{dropped})")
+          f"{result['p']:.3g}, Wilcoxon p = {wilcoxon}; {result['n']} pairs{dropped}{detects})")
 
 
 def emergence_vs_final(summary: dict) -> Verdict:
@@ -295,56 +361,111 @@ def emergence_vs_final(summary: dict) -> Verdict:
   gaps = ', '.join(f"{label} {a['difference']:.3f} ({a['interval'][0]:.3f} to {a['interval'][1]:.3f})"
                    for label, a in final['arches'].items() if label != best)
   steps = ', '.join(f'{label} {pm(spread(groups[label]), 0)}' for label in labels)
+  spread_of_means = power.kruskal([len(g) for g in groups.values()], power.pooled_sd(groups.values()))
+  finals = {label: [r['recall']['all'] for r in formed[label].values() if r['recall']['all'] is not None]
+            for label in labels}
+  sd = lambda values: float(np.std(values, ddof=1)) if len(values) >= 2 else None
+  margins = {label: power.equivalence_margin(len(finals[best]), sd(finals[best]), len(v), sd(v))
+             for label, v in finals.items() if label != best and len(v) >= 2 and len(finals[best]) >= 2}
+  provable = max((m for m in margins.values() if m is not None), default=None)
+  emerge = (f'Kruskal-Wallis p = {p:.3g} across {len(labels)} arches' + (
+      f': {unseparated(p, spread_of_means, 0, "arch means spread by a standard deviation ", " steps")}'
+      if p >= trend.ALPHA else ''))
+  within = (f'; at this spread the design shows equivalence within >= {provable:.3f} at {power.POWER * 100:.0f} % '
+            'power (were the arches equal)') if final['verdict'] == 'undecided' and provable else ''
   evidence = [trained,
-              f'formation step of the formed runs: {steps}; Kruskal-Wallis p = {p:.3g} across {len(labels)} arches.',
+              f'formation step of the formed runs: {steps}; {emerge}.',
               f"final recall (all queries) of the formed runs: best {best} "
               f"{final['arches'][best]['mean']:.3f}; below it by (95% Welch interval): {gaps}: {final['verdict']} "
-              f'within {FINAL_MARGIN}.']
+              f'within {FINAL_MARGIN}{within}.']
+  powers = {'kruskal_wallis': {'test': 'Kruskal-Wallis over formation steps', 'runs': [len(g) for g in groups.values()],
+                               'pooled_sd': power.pooled_sd(groups.values()),
+                               'detectable_sd_of_means': spread_of_means, 'power': power.POWER, 'alpha': power.ALPHA},
+            'equivalence': {'test': 'Welch interval of best - arch below the margin', 'margin': FINAL_MARGIN,
+                            'provable_margin': provable, 'per_arch': margins, 'power': power.POWER}}
   if unjudged:
     evidence.append(f"not judged (fewer than two formed runs): {', '.join(unjudged)}.")
+  detects = ('' if spread_of_means is None else
+             f', detects arch means spread by a standard deviation >= {spread_of_means:.0f} steps')
+  shows = '' if provable is None else f', shows equivalence within >= {provable:.3f}'
   return Verdict(name, _EMERGENCE_CLAIM, verdict, evidence,
-                 f"formation step of formed runs: {steps} (Kruskal-Wallis p = {p:.3g}); final recall below the best "
-                 f"({best}) by {gaps}: {final['verdict']} within {FINAL_MARGIN}; formed: {counts}")
+                 f"formation step of formed runs: {steps} (Kruskal-Wallis p = {p:.3g}{detects}); final recall below "
+                 f"the best ({best}) by {gaps}: {final['verdict']} within {FINAL_MARGIN}{shows}; formed: {counts}",
+                 powers)
 
 
 _EMERGENCE_CLAIM = ('the hybrids differ in when long-range retrieval emerges during training, while their final '
                     'retrieval accuracy converges.')
 
 
-def nope(summary: dict, buckets) -> Verdict:
+def nope(summary: dict, buckets, fixed_steps: bool = False) -> Verdict:
   """NoPE on the full layers of the small-window hybrid recalls more beyond the training context than RoPE full
-  layers, at no cost in held-out loss at the training length. Paired by seed over the seeds where both arches
-  formed (hybrid_jax.study.convergence.paired, two-sided): recall in each of `buckets` (extrapolation buckets
-  beyond the training context, e.g. at 2x and 4x the training length) and held-out loss. Fewer than MIN_PAIRS such
-  seeds is not separable. Each arch's formation rate is reported beside it."""
+  layers, at no cost in held-out loss at the training length. Paired by seed (hybrid_jax.study.convergence.paired,
+  two-sided): recall in each of `buckets` (extrapolation buckets beyond the training context, e.g. at 2x and 4x the
+  training length) and held-out loss. Runs trained until formed pair over the seeds where both arches formed;
+  `fixed_steps` (a preset that trains every run the same steps, e.g. mini-5k) pairs every seed, formed or not, and
+  reads recall in context (all queries at the training length, where a cost would show) beside them: the comparison
+  at a matched budget. Fewer than MIN_PAIRS pairs is not separable. Each arch's formation rate is reported beside
+  it, and each part what its tests detect (hybrid_jax.study.power)."""
   name = 'NoPE on full layers'
   if not {'SWA-128', 'SWA-128-NoPE'} <= set(summary):
     return Verdict(name, _NOPE_CLAIM, NOT_ASSESSABLE, ['needs SWA-128 and SWA-128-NoPE.'], 'n/a')
-  rope, no_pe = _formed(summary['SWA-128']), _formed(summary['SWA-128-NoPE'])
-  rates = (f"Runs trained until {_rule()}, formed: {_rate('SWA-128-NoPE', summary['SWA-128-NoPE'])}, "
-           f"{_rate('SWA-128', summary['SWA-128'])}.")
+  if fixed_steps:
+    rope, no_pe = summary['SWA-128']['per_seed'], summary['SWA-128-NoPE']['per_seed']
+    rates = (f"Runs of the same steps each; formed by {_rule()} (not required here): "
+             f"{_rate('SWA-128-NoPE', summary['SWA-128-NoPE'])}, {_rate('SWA-128', summary['SWA-128'])}.")
+    scope, lacking = 'every seed pair (the same steps each, formed or not)', 'seed pair(s)'
+  else:
+    rope, no_pe = _formed(summary['SWA-128']), _formed(summary['SWA-128-NoPE'])
+    rates = (f"Runs trained until {_rule()}, formed: {_rate('SWA-128-NoPE', summary['SWA-128-NoPE'])}, "
+             f"{_rate('SWA-128', summary['SWA-128'])}.")
+    scope, lacking = 'seeds where both formed', 'seed(s) formed in both arches'
   both = len(set(rope) & set(no_pe))
   if both < MIN_PAIRS:
     return Verdict(name, _NOPE_CLAIM, NOT_SEPARABLE,
-                   [f'only {both} seed(s) formed in both arches; the paired comparison needs {MIN_PAIRS}.', rates],
-                   f'{both} formed pairs (needs {MIN_PAIRS})')
-  parts, evidence, cells = [], [], []
+                   [f'only {both} {lacking}; the paired comparison needs {MIN_PAIRS}.', rates],
+                   f'{both} {"pairs" if fixed_steps else "formed pairs"} (needs {MIN_PAIRS})',
+                   {'pairs': both, 'needs': MIN_PAIRS})
+  parts, evidence, cells, powers = [], [], [], {}
+
+  def judged(result, part, digits=2):
+    """'<part>', or 'not separable (p ..); the design detects ...' when the part cannot tell."""
+    return _unseparated_pairs(result, digits) if part == NOT_SEPARABLE else part
+
+  def no_cost(result, worse):
+    """The status of a 'no cost' part: `worse` ('greater' for loss, 'less' for recall) is a cost."""
+    if result['n'] < MIN_PAIRS:
+      return NOT_ASSESSABLE
+    return NOT_SEPARABLE if result['outcome'] == 'unclear' else NOT_REPRODUCED if result['outcome'] == worse else \
+        REPRODUCED
+
+  if fixed_steps:
+    context = convergence.paired({s: r['recall'].get('all') for s, r in no_pe.items()},
+                                 {s: r['recall'].get('all') for s, r in rope.items()}, MIN_ACCURACY_EFFECT)
+    part = no_cost(context, 'less')
+    parts.append(part)
+    powers['recall in context'] = _paired_power(context)
+    evidence.append(f'recall in context (all queries at the training length), SWA-128-NoPE minus SWA-128 seed by '
+                    f'seed: {_paired_text(context)}: {judged(context, part)}.')
+    cells.append(f'recall in context {_paired_text(context)}')
   for bucket in buckets:
     result = convergence.paired({s: r['extrapolation'].get(bucket) for s, r in no_pe.items()},
                                 {s: r['extrapolation'].get(bucket) for s, r in rope.items()}, MIN_ACCURACY_EFFECT)
     part = status(result['outcome']) if result['n'] >= MIN_PAIRS else NOT_ASSESSABLE
     parts.append(part)
-    evidence.append(f'recall {bucket}, SWA-128-NoPE minus SWA-128 seed by seed: {_paired_text(result)}: {part}.')
+    powers[f'recall {bucket}'] = _paired_power(result)
+    evidence.append(f'recall {bucket}, SWA-128-NoPE minus SWA-128 seed by seed: {_paired_text(result)}: '
+                    f'{judged(result, part)}.')
     cells.append(f"recall {bucket} {_paired_text(result)}")
   loss = convergence.paired({s: r['held_out_loss'] for s, r in no_pe.items()},
                             {s: r['held_out_loss'] for s, r in rope.items()}, MIN_LOSS_EFFECT)
   # No cost: NoPE's loss is not higher (same or lower); higher is a cost.
-  loss_status = (NOT_ASSESSABLE if loss['n'] < MIN_PAIRS else NOT_SEPARABLE if loss['outcome'] == 'unclear' else
-                 NOT_REPRODUCED if loss['outcome'] == 'greater' else REPRODUCED)
+  loss_status = no_cost(loss, 'greater')
+  powers['held-out loss'] = _paired_power(loss)
   evidence += [f'held-out loss at the training length (nats per byte), SWA-128-NoPE minus SWA-128: '
-               f'{_paired_text(loss, 4)}: {loss_status}.', rates]
-  measured = 'NoPE minus RoPE over seeds where both formed: ' + '; '.join(cells + [f'loss {_paired_text(loss, 4)}'])
-  return Verdict(name, _NOPE_CLAIM, combine(parts + [loss_status]), evidence, measured)
+               f'{_paired_text(loss, 4)}: {judged(loss, loss_status, 4)}.', rates]
+  measured = f'NoPE minus RoPE over {scope}: ' + '; '.join(cells + [f'loss {_paired_text(loss, 4)}'])
+  return Verdict(name, _NOPE_CLAIM, combine(parts + [loss_status]), evidence, measured, powers)
 
 
 _NOPE_CLAIM = ('removing positional encoding from the full-attention layers of a small-window hybrid improves '
