@@ -52,6 +52,7 @@ KEY_CLASSES = {
     # Same function, other kernels or memory trade-offs.
     'model.remat': OPERATIONAL, 'model.attention_implementation': OPERATIONAL,
     'model.recurrent_implementation': OPERATIONAL, 'model.recurrent_chunk_size': OPERATIONAL,
+    'model.attention.max_documents': OPERATIONAL,  # How many documents per row cuDNN's packed layout holds.
     # The tokenizer and the data stream (worker_count: the checkpointed iterator state is per worker).
     'data.*': IDENTITY,
     'train.batch_size': IDENTITY,  # Sequences per step: the stream's position and the step's meaning.

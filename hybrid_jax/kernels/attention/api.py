@@ -1,7 +1,8 @@
 """`attention(...)`: argument checks and the choice of implementation.
 
-Every implementation receives already-validated arguments. A new kernel is one entry in `_IMPLEMENTATIONS`
-(and, to become the automatic choice, one name in `_AUTO` or, on GPU, in the per-window table `_GPU_BY_WINDOW`).
+Every implementation receives already-validated arguments ('cudnn' also the bound of its packed documents). A new
+kernel is one entry in `_IMPLEMENTATIONS` (and, to become the automatic choice, one name in `_AUTO` or, on GPU, in
+the per-window table `_GPU_BY_WINDOW`).
 """
 
 import operator
@@ -12,22 +13,28 @@ import jax.numpy as jnp
 
 from hybrid_jax.kernels import platform
 from hybrid_jax.kernels import segments
+from hybrid_jax.kernels.attention import cudnn_documents
 from hybrid_jax.kernels.attention import pallas_gpu
 from hybrid_jax.kernels.attention import pallas_tpu
 from hybrid_jax.kernels.attention import reference
 from hybrid_jax.kernels.attention import xla
 
 
-def _cudnn(q, k, v, *, window, scale, sinks, segment_ids):
-  """cuDNN fused attention through jax.nn; supports the plain causal sliding window only (a call with documents
-  falls back, see `attention`)."""
+def _cudnn(q, k, v, *, window, scale, sinks, segment_ids, max_documents=None):
+  """cuDNN fused attention: the plain causal sliding window through jax.nn; documents through cuDNN's packed layout
+  (cudnn_documents), whose rows of more than `max_documents` run the next kernel of _FALLBACK instead."""
   if platform.target() != 'gpu':
     raise RuntimeError(f"implementation='cudnn' needs a GPU target; the target is {platform.target()!r} "
                        "(use implementation='xla' or None)")
   local = None if window is None or window >= q.shape[1] else (window - 1, 0)
   if sinks and local is not None:  # Sinks are moot under full causal.
     raise ValueError("implementation='cudnn' does not support sinks; use 'xla'")
-  del segment_ids  # `attention` never passes documents here.
+  if segment_ids is not None:
+    name = next(n for n in _FALLBACK[:1] + ('xla',) if _unsupported(n, q, window, 0, None) is None)
+    fallback = lambda *args, **kwargs: _IMPLEMENTATIONS[name](*args, **kwargs)  # Looked up when traced.
+    return cudnn_documents.attention(q, k, v, window=window, scale=scale, segment_ids=segment_ids,
+                                     max_documents=max_documents or cudnn_documents.DEFAULT_MAX_DOCUMENTS,
+                                     fallback=fallback, fallback_name=name)
   return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, local_window_size=local,
                                       implementation='cudnn')
 
@@ -51,15 +58,20 @@ _FALLBACK = ('pallas_gpu', 'cudnn', 'xla')
 _warned = set()
 
 
-def _supports(name, q, window, sinks, segment_ids):
-  """Whether the automatic choice may use `name` on the current GPU for this call."""
+def _unsupported(name, q, window, sinks, segment_ids):
+  """Why the automatic choice may not use `name` on the current GPU for this call; None when it may."""
   d = q.shape[3]
   if name == 'cudnn':
-    return (q.dtype in (jnp.bfloat16, jnp.float16) and d % 8 == 0 and d <= 128 and segment_ids is None
-            and not (sinks and window is not None and window < q.shape[1]))
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or d % 8 or d > 128:
+      return f'dtype {q.dtype}, head dim {d}'
+    if sinks and window is not None and window < q.shape[1]:
+      return f'sinks {sinks} beside a window'
+    if segment_ids is not None:
+      return cudnn_documents.unsupported()
+    return None
   if name == 'pallas_gpu':
-    return d >= 16 and not d & (d - 1)
-  return name == 'xla'
+    return None if d >= 16 and not d & (d - 1) else f'head dim {d}'
+  return None if name == 'xla' else f'{name} is not chosen automatically'
 
 
 def _bucket(window, t):
@@ -74,17 +86,20 @@ def _auto(q, window, sinks, segment_ids, preferred=None):
   if backend != 'gpu':
     return _AUTO.get(backend, 'xla')
   preferred = preferred or dict(_GPU_BY_WINDOW)[_bucket(window, q.shape[1])]
+  reason = None
   for name in (preferred,) + _FALLBACK:
-    if _supports(name, q, window, sinks, segment_ids):
-      if name != preferred and (preferred, name) not in _warned:
-        _warned.add((preferred, name))
-        warnings.warn(f'attention: {preferred!r} cannot run this call (dtype {q.dtype}, head dim {q.shape[3]}, '
-                      f'sinks {sinks}, segment_ids {segment_ids is not None}); using {name!r}')
+    why = _unsupported(name, q, window, sinks, segment_ids)
+    if why is None:
+      if name != preferred and (preferred, name, reason) not in _warned:  # One warning per reason, not per call.
+        _warned.add((preferred, name, reason))
+        warnings.warn(f'attention: {preferred!r} cannot run this call ({reason}); using {name!r}')
       return name
+    reason = reason or why
   return 'xla'
 
 
-def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, implementation=None):
+def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, implementation=None,
+              max_documents=None):
   """Causal attention, optionally sliding-window, with GQA, sink positions and document masking.
 
   q [B,T,Hq,D], k/v [B,T,Hkv,D] with Hq % Hkv == 0. Key j is visible to query i iff j <= i and
@@ -93,10 +108,14 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, im
   starts another document). scale defaults to D**-0.5.
   implementation: None/'auto' (best available: 'pallas_tpu' on TPU, per-window table on GPU, 'xla' on CPU),
   'reference', 'xla', 'cudnn', 'pallas_gpu', 'pallas_tpu' (the Pallas ones run in interpret mode on CPU).
-  'cudnn' has no documents: with segment_ids it falls back as the automatic choice does, warning once.
+  'cudnn' runs documents through its packed layout (cudnn_documents: cuDNN >= 9.6, Hopper or later), sized for
+  `max_documents` per row (None: cudnn_documents.DEFAULT_MAX_DOCUMENTS); a call with a row of more runs
+  'pallas_gpu' instead, and a GPU that cannot run the layout falls back as the automatic choice does, warning once.
   Returns o [B,T,Hq,D] in q's dtype.
   """
   window, sinks = _check(q, k, v, window, sinks, segment_ids)
+  if max_documents is not None and (_as_int('max_documents', max_documents) <= 0):
+    raise ValueError(f'max_documents must be a positive number of documents per row, got {max_documents}')
   if implementation in (None, 'auto'):
     implementation = _auto(q, window, sinks, segment_ids)
   elif implementation == 'cudnn' and segment_ids is not None and platform.target() == 'gpu':
@@ -106,8 +125,9 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, im
   if implementation not in _IMPLEMENTATIONS:
     raise ValueError(f'unknown attention implementation {implementation!r}; allowed: None, '
                      f"'auto', {', '.join(map(repr, IMPLEMENTATIONS))}")
+  extra = dict(max_documents=max_documents) if implementation == 'cudnn' else {}
   return _IMPLEMENTATIONS[implementation](q, k, v, window=window, scale=scale, sinks=sinks,
-                                          segment_ids=segment_ids)
+                                          segment_ids=segment_ids, **extra)
 
 
 def _check(q, k, v, window, sinks, segment_ids):

@@ -62,6 +62,7 @@ class Attention(nnx.Module):
     self.dtype = dtype_of(cfg.dtype)
     impl = cfg.attention_implementation
     self.implementation = None if impl == 'auto' else impl
+    self.max_documents = ac.get('max_documents')  # None (a config saved before the key): the kernel's default.
 
   def qkv(self, x, positions):
     """Queries, keys and values [B, T, heads, head_dim] of x as the layer attends with them (RoPE applied)."""
@@ -111,7 +112,7 @@ class Attention(nnx.Module):
     if self.sinks is None:
       # cuDNN has no sink positions; the automatic choice picks a kernel that has.
       impl = None if self.implementation == 'cudnn' and sink_positions else self.implementation
-      return _kernel(q, k, v, window, self.scale, impl, sink_positions, segment_ids)
+      return _kernel(q, k, v, window, self.scale, impl, sink_positions, segment_ids, self.max_documents)
     # Learned sinks join each row's softmax over the keys it sees, so with documents they are per document.
     o, lse = xla_attention.attention(q, k, v, window=window, scale=self.scale, sinks=sink_positions,
                                      segment_ids=None if segment_ids is None else segments.runs(segment_ids),
@@ -158,12 +159,13 @@ _KV_AXES = ('batch', 'seq', 'kv_heads', None)
 _SEGMENT_AXES = ('batch', 'seq')
 
 
-def _kernel(q, k, v, window, scale, implementation, sinks=0, segment_ids=None):
+def _kernel(q, k, v, window, scale, implementation, sinks=0, segment_ids=None, max_documents=None):
   """The attention kernel, per shard of batch and heads when a sharded step is traced; over a split sequence,
   with the exchange its window needs (hybrid_jax.parallel.sequence)."""
   def fn(q, k, v, segment_ids, *, shards):
     attend = lambda q, k, v, segment_ids: kernels.attention(
-        q, k, v, window=window, scale=scale, sinks=sinks, segment_ids=segment_ids, implementation=implementation)
+        q, k, v, window=window, scale=scale, sinks=sinks, segment_ids=segment_ids, implementation=implementation,
+        max_documents=max_documents)
     if shards is None or window == 1:
       return attend(q, k, v, segment_ids)
     if sinks:
@@ -267,6 +269,9 @@ FIELDS = {
                                          'MLP instead of their inputs (OLMo Hybrid).'),
     'rope_dims': registry.nonnegative_int(0, 'RoPE rotates the first rope_dims channels of each head (partial '
                                              'RoPE; frequencies base**(-2i/rope_dims)); 0 = the whole head.'),
+    'max_documents': registry.positive_int(64, 'Documents per row that cuDNN attention packs (GPU, with documents; '
+                                               'docs/KERNELS.md): a call with a row of more runs pallas_gpu. Each '
+                                               'costs 4 bytes of saved softmax statistics per token and head.'),
 }
 _ATTENTION = dict(build=Attention, params=attention_params, flops=attention_flops, attention=True,
                   section='attention', fields=FIELDS)
