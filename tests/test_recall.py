@@ -454,3 +454,32 @@ def test_the_load_is_records_over_each_recurrent_kinds_key_dimensions():
   assert got['key_dims'] == 6 and got['records'] == [3, 9] and got['load'] == [0.5, 1.5]
   assert got['mean_load'] == pytest.approx((4 + 2) / 6) and got['held_out_load'] == pytest.approx(3 / 6)
   assert 'gdn: 3-9 records over 6 key dimensions, load 0.50 to 1.50 (mean 1.00)' in load.describe({'gdn': got})
+
+
+def test_the_load_presets_span_their_loads_and_each_cell_is_one_command(capsys):
+  from hybrid_jax.commands import study as study_command
+  from hybrid_jax.config import load_config_file, resolve_spec
+  from hybrid_jax.study import load, presets
+  targets = {'load-0.1': 0.1, 'load-0.4': 0.4, 'load-0.75': 0.75, 'load-1.5': 1.5, 'load-3': 3.0}
+  for name, target in targets.items():
+    p = presets.PRESETS[name]
+    assert p.seq_len == 128 and p.stop_when_formed and set(p.arches) == {'SWA-128', 'Lightning', 'Mamba-2', 'GDN'}
+    for label, kind in (('GDN', 'gdn'), ('Mamba-2', 'mamba2'), ('Lightning', 'lightning')):
+      # One cell, one command: the config `study --preset NAME --arches ARCH` trains.
+      c = load_config_file(resolve_spec(f'mini:arch={presets.ARCHES[label][0]},preset={name}'))
+      r = c.data.recall
+      assert (r.key_length, r.pairs_min, r.pairs, r.distractors) == (2, 1, 7, 2)
+      got = load.recall_load(c.data, c.model)[kind]
+      assert got['load'][1] == pytest.approx(target, rel=0.1) and got['held_out_load'] == got['load'][1], (name, got)
+      assert got['load'][0] == pytest.approx(got['load'][1] / 3)  # 3 to 9 records
+  high = presets.run_config('GDN', presets.PRESETS['train-high'])
+  assert high.data.recall.haystack == 'text' and high.data.recall.eval_pairs == 1
+  got = load.recall_load(high.data, high.model)['gdn']
+  assert got['load'][1] >= 1.5 and got['held_out_records'] == 3  # trained overloaded, scored on one pair
+  with pytest.raises(SystemExit):
+    study_command.main(['--help'])
+  text = capsys.readouterr().out
+  assert 'mini trains until retrieval forms, capped at 20,000 steps' in ' '.join(text.split())
+  lines = text.splitlines()
+  for name in list(targets) + ['train-high']:
+    assert sum(line.startswith(f'  {name} ') for line in lines) == 1, name

@@ -3,13 +3,23 @@
 from hybrid_jax import checks
 from hybrid_jax.commands import parsing
 from hybrid_jax.study import mini
-from hybrid_jax.study.presets import ARCHES, PRESETS, select_arches
+from hybrid_jax.study.presets import ARCHES, DESCRIPTIONS, PRESETS, select_arches
+
+
+def _epilog() -> str:
+  """One line per preset (docs/MINI_STUDY.md has the whole story)."""
+  width = max(map(len, PRESETS))
+  return 'presets (docs/MINI_STUDY.md):\n' + '\n'.join(
+      f'  {name:<{width}}  {DESCRIPTIONS.get(name, PRESETS[name].note)}' for name in PRESETS)
 
 
 def main(argv) -> int:
   """The mini-study: every arch on the recall task, verdicts on the study's mechanistic claims."""
-  parser = parsing.ArgumentParser(prog='python -m hybrid_jax study', description=mini.__doc__)
-  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini', help='the study size')
+  parser = parsing.ArgumentParser(prog='python -m hybrid_jax study', description=mini.__doc__, epilog=_epilog())
+  parser.add_argument('--preset', choices=sorted(PRESETS), default='mini',
+                      help='the study size and task: one line each below; mini trains until retrieval forms, capped '
+                      'at 20,000 steps; a cell of the load study is one preset and one arch, e.g. --preset load-1.5 '
+                      '--arches gdn')
   parser.add_argument('--out', default=None, type=checks.OUT_DIR,
                       help='output directory (default: runs/study_<preset>)')
   parser.add_argument('--seeds', type=checks.POSITIVE_INT, default=None,

@@ -162,6 +162,37 @@ _ONE_CYCLE_ARCHES = tuple(label for label in ARCHES if label != 'SWA-128-1:3')
 _MINI = dict(scale='tiny', seq_len=64, small_window=8, middle_window=16, large_window=32, steps=5000,
              batch_size=16, probe_every=250, distance_ranges=((3, 8), (12, 32), (36, 56)), recall=_TASK,
              mixers=_MIXERS_64, train=_OPTIMIZER, parallel=2)
+# The load presets: does a recurrent layer stop retrieving once its documents hold more records than its state has
+# key dimensions (hybrid_jax.study.load)? The mini task at a 128-byte context with 2-letter keys (256 keys, so the
+# keys do not run out) and 1 to 7 queried pairs a document beside 2 distractors: 3 to 9 records, 9 in every held-out
+# document. The most a 128-byte row holds: (2 x 7 + 2) x (3 + 1) = 64 = 128 / 2 (data.recall's room rule).
+_LOAD_TASK = (('pairs', 7), ('pairs_min', 1), ('key_length', 2), ('key_chars', 16), ('value_length', 1),
+              ('filler', '.'), ('text_fraction', 0.1), ('distractors', 2))
+# The recurrent key space shrunk to 90, 21, 12, 6 and 3 dimensions, so the fullest document's load (9 records) is
+# 0.1, 0.43, 0.75, 1.5 and 3: GDN and Lightning as 3 heads of key width 30, 7, 4, 2, 1 (3 heads: the one count
+# that reaches every width), Mamba-2 as state_dim (its heads share B and C). Parameters held within 5% of the
+# attention layer by widening the values: GDN's and Lightning's value_dim, Mamba-2's head_dim over its 8 heads.
+# load: (GDN and Lightning key_dim, GDN value_dim, Lightning value_dim, Mamba-2 state_dim, Mamba-2 head_dim).
+_LOAD_SHAPES = {'0.1': (30, 34, 37, 90, 13), '0.4': (7, 50, 52, 21, 19), '0.75': (4, 52, 54, 12, 19),
+                '1.5': (2, 54, 55, 6, 20), '3': (1, 54, 56, 3, 20)}
+
+
+def _load_mixers(key_dim, gdn_value, lightning_value, state_dim, head_dim) -> tuple:
+  return (('lightning', (('num_heads', 3), ('key_dim', key_dim), ('value_dim', lightning_value))),
+          ('mamba2', (('num_heads', 8), ('head_dim', head_dim), ('state_dim', state_dim))),
+          ('gdn', (('num_heads', 3), ('key_dim', key_dim), ('value_dim', gdn_value))))
+
+
+# mini's stack and schedule, trained until formed (at most 20,000 steps), on the load task. Windows 16 / 32 / 64 of
+# 128 bytes, distances inside the small window, between the windows and beyond the large one. GDN and Mamba-2 are the
+# subjects; SWA-128 (no recurrent state: its recall should not move with the load) and Lightning (a recurrent state
+# at the same load without the delta rule's overwrite) are the controls. A cell (arch x load) is one command:
+# `study --preset load-1.5 --arches gdn`.
+_LOAD = dict(scale='tiny', seq_len=128, small_window=16, middle_window=32, large_window=64, steps=20000,
+             batch_size=16, probe_every=250, distance_ranges=((4, 16), (20, 64), (72, 120)), recall=_LOAD_TASK,
+             model=_SMALL_MODEL, train=_OPTIMIZER + (('warmup_steps', 500), ('checkpoint_every', 2500)),
+             arches=('SWA-128', 'Lightning', 'Mamba-2', 'GDN'), stop_when_formed=True, dense_probe_every=50,
+             dense_probe_until=2500, parallel=2)
 PRESETS = {
     # Every arch of the one-cycle stack trained until its long-range retrieval has formed, within a cap of 20,000
     # steps: a run stops once recall beyond the large window is >= 0.95 at two probes in a row, so the verdicts
@@ -186,6 +217,17 @@ PRESETS = {
     # The mini preset's task and heads at a 256-byte context, d_model 128, 4 layers (two cycles, so a
     # sliding layer sits above a full one), 8 records per document, every arch, one seed: sized by arithmetic from
     # the CPU runs for one H200 (not yet measured there; BENCHMARKS.md).
+    **{f'load-{load}': Preset(**_LOAD, mixers=_load_mixers(*shape), note=f'until formed, at most 20,000 steps; '
+                                 f'fullest training document at load {load}')
+       for load, shape in _LOAD_SHAPES.items()},
+    # Trained on documents of up to 9 records over 6 recurrent key dimensions (load-1.5's shapes: loads 0.5 to 1.5)
+    # with corpus text around the records, scored on documents of one pair (3 records: load 0.5): whether a state
+    # trained overloaded still retrieves when the load is light. Held-out documents hold one query each, so the probe
+    # and the final scores read 4x as many of them.
+    'train-high': Preset(**{**_LOAD, 'recall': _LOAD_TASK + (('haystack', 'text'), ('eval_pairs', 1))},
+                         mixers=_load_mixers(*_LOAD_SHAPES['1.5']), probe_samples=16, eval_documents=512,
+                         note='until formed, at most 20,000 steps; trained at load up to 1.5 in corpus text, '
+                         'scored on 1-pair documents'),
     'gpu-small': Preset(scale='tiny', seq_len=256, small_window=16, middle_window=48, large_window=128, steps=3000,
                         batch_size=64, probe_every=250, distance_ranges=((3, 16), (24, 128), (144, 248)), seeds=1,
                         recall=_TASK + (('pairs', 8),), train=_OPTIMIZER, note='one H200, ~7 minutes',
@@ -202,6 +244,18 @@ PRESETS = {
                             ('gdn', (('num_heads', 1), ('key_dim', 16), ('value_dim', 16)))),
                     note='machinery check only'),
 }
+
+
+# One line per preset for `study --help`.
+DESCRIPTIONS = {
+    'mini': 'every one-cycle arch, 64-byte rows; trains until retrieval forms, capped at 20,000 steps',
+    'mini-5k': "mini's runs at a fixed 5,000 steps",
+    'mini-deep': 'two cycles (a sliding layer above a full one), 5,000 steps',
+    **{f'load-{load}': f'GDN, Mamba-2 (controls: SWA-128, Lightning) at load {load} (records per recurrent key '
+                       'dimension), 1-7 pairs; until formed' for load in _LOAD_SHAPES},
+    'train-high': 'load-1.5 trained in corpus text (loads 0.5-1.5), scored on 1-pair documents; until formed',
+    'gpu-small': '4 layers at d_model 128 and 256-byte rows, 3,000 steps (one H200)',
+    'smoke': 'seconds a run: the machinery only (tests)'}
 
 
 def label_of(name: str, what: str) -> str:
@@ -263,7 +317,7 @@ def extrapolation_data(data_cfg, preset: Preset, factor: int):
   """The run's data config at `factor` x the training length, with a distance range beyond the training context."""
   data = copy.deepcopy(data_cfg)
   r = data.recall
-  longest = preset.extrapolation_length(factor) - r.key_length - 2 * r.value_length + 1
+  longest = preset.extrapolation_length(factor) - r.key_length - 2 * r.value_length - r.get('record_gap', 0) + 1
   data.seq_len = preset.extrapolation_length(factor)
   data.recall.distance_ranges = preset.extrapolation_ranges(longest, factor)
   data.recall.distance_weights = (1.0,) * len(data.recall.distance_ranges)
