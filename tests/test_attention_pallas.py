@@ -18,6 +18,7 @@ import pytest
 from hybrid_jax.kernels import attention
 from hybrid_jax.kernels.attention import api
 from hybrid_jax.kernels.attention import config
+from hybrid_jax.kernels.attention import cudnn_documents
 from hybrid_jax.kernels.attention import pallas_gpu
 from hybrid_jax.kernels.attention import reference
 
@@ -289,7 +290,8 @@ def test_dispatch(monkeypatch):
     warnings.simplefilter('ignore')
     assert auto(q, window=8) == 'pallas_gpu'  # cuDNN has no fp32
     assert auto(bf, window=8, sinks=2) == 'pallas_gpu'  # nor sinks
-    assert auto(bf, window=8, segment_ids=seg) == 'pallas_gpu'  # cuDNN has no documents
+    monkeypatch.setattr(cudnn_documents, 'unsupported', lambda: 'cuDNN 90500 is older than 90600')
+    assert auto(bf, window=8, segment_ids=seg) == 'pallas_gpu'  # A cuDNN without packed documents
     assert auto(bf[..., :12], window=8, segment_ids=seg) == 'xla'
     assert auto(bf[..., :12], window=8) == 'xla'  # 12 is no power of two for the Pallas kernel
   assert auto(bf, window=None, sinks=2) == dict(api._GPU_BY_WINDOW)[None]  # full causal: sinks moot

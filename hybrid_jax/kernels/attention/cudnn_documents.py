@@ -76,8 +76,8 @@ def attention(q, k, v, *, window, scale, segment_ids, max_documents, fallback, f
   """Attention over the documents of run indices `segment_ids` [B, T] through cuDNN's packed layout; when a row
   holds more than `max_documents`, the whole call runs `fallback(q, k, v, window=, scale=, sinks=0, segment_ids=)`
   instead (decided on device), which warns once."""
-  b, t, hq, d = q.shape
-  scale = d**-0.5 if scale is None else scale
+  t, d = q.shape[1], q.shape[3]
+  scale = d**-0.5 if scale is None else scale  # cuDNN's own default is 1.
   window = None if window is None or window >= t else window
   lengths, offsets, fits = layout(segment_ids, max_documents)
 
@@ -91,5 +91,6 @@ def attention(q, k, v, *, window, scale, segment_ids, max_documents, fallback, f
                     f'more than cuDNN\'s packed layout is sized for; calls with such rows run {fallback_name!r}'))
     return fallback(q, k, v, window=window, scale=scale, sinks=0, segment_ids=segment_ids).astype(q.dtype)
 
-  del b, hq
+  # A conditional on the device: both kernels are compiled, and autodiff keeps both branches' residuals (merged where
+  # their shapes agree).
   return jax.lax.cond(jnp.all(fits), packed, other, q, k, v, segment_ids)
