@@ -38,11 +38,12 @@ def implementations(kernel):
   return SCAN_IMPLEMENTATIONS
 
 
-def rel(x, ref):
-  """Relative RMS error per batch row [B] (inf where x is not finite; 0 where both are exactly zero)."""
+def rel(x, ref, size=None):
+  """Relative RMS error per batch row [B] (inf where x is not finite; 0 where both are exactly zero), against the
+  norm of `size` [B] where given (the size of the terms a cancelling sum adds up), else of ref."""
   x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
   x, ref = x.reshape(x.shape[0], -1), ref.reshape(ref.shape[0], -1)
-  diff, norm = np.linalg.norm(x - ref, axis=1), np.linalg.norm(ref, axis=1)
+  diff, norm = np.linalg.norm(x - ref, axis=1), np.linalg.norm(ref, axis=1) if size is None else size
   out = np.where(norm > 0, diff / np.where(norm > 0, norm, 1), np.where(diff > 0, np.inf, 0.0))
   return np.where(np.all(np.isfinite(x), axis=1), out, np.inf)
 
@@ -108,8 +109,9 @@ def scan_oracle(kernel, inputs, arrays, do, ds):
     return np.asarray(o), np.asarray(s), [np.asarray(g) for g in grads]
 
 
-def _by_regime(rows, names, got, want):
-  errors = [rel(g, w) for g, w in zip(got, want)]
+def _by_regime(rows, names, got, want, sizes=None):
+  sizes = sizes or {}
+  errors = [rel(g, w, sizes.get(n)) for n, g, w in zip(names, got, want)]
   return {r.name: {n: float(e[i]) for n, e in zip(names, errors)} for i, r in enumerate(rows)}
 
 
@@ -134,7 +136,34 @@ def attention_errors(impl, rows, dtype=jnp.float32):
     o64, g64 = _compiled(('attention', 'reference', window, sinks),
                          lambda: _attention_program('reference', window, sinks), None, *up[:3], seg, up[3])
     o64, g64 = np.asarray(o64), [np.asarray(g) for g in g64]
-  return _by_regime(rows, ['o', 'dq', 'dk', 'dv'], [o, *grads], [o64, *g64])
+  sizes = attention_term_sizes(*(np.asarray(x, np.float64) for x in (q, k, v, do)), np.asarray(seg), window, sinks)
+  return _by_regime(rows, ['o', 'dq', 'dk', 'dv'], [o, *grads], [o64, *g64], sizes)
+
+
+def attention_term_sizes(q, k, v, do, seg, window, sinks):
+  """{'dq', 'dk'}: per row [B], the norm of the sums dq_i = scale sum_j P_ij (dP_ij - delta_i) k_j and
+  dk_j = scale sum_i P_ij (dP_ij - delta_i) q_i taken over the terms' absolute values.
+
+  The weights P_ij (dP_ij - delta_i) of a row sum to exactly 0, so where the keys a row sees are alike (one
+  repeated token: exactly equal) or one key takes the whole row (a scaled logit of 50), dq and dk are a
+  cancellation down to ~0 and any float32 computation of them, the reference's included, is rounding noise
+  against it (relative errors of 1e+9). Their error is measured against the size of the terms, which is what
+  rounding is proportional to, and equals the plain relative error's denominator where nothing cancels.
+  """
+  b, t, hq, d = q.shape
+  group = hq // k.shape[2]
+  dq, dk = np.zeros(b), np.zeros(b)
+  for row in range(b):
+    logits = regimes_lib.visible_logits(q[row:row + 1], k[row:row + 1], d**-0.5, window, sinks, seg[row:row + 1])[0]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)  # [Hq, T, T]
+    vv = np.repeat(v[row], group, axis=1)
+    dp = np.einsum('ihd,jhd->hij', do[row], vv)
+    weight = p * (np.abs(dp) + np.abs(np.sum(p * dp, -1, keepdims=True))) * d**-0.5
+    dq[row] = np.linalg.norm(np.einsum('hij,jhd->ihd', weight, np.abs(np.repeat(k[row], group, axis=1))))
+    per_head = np.einsum('hij,ihd->jhd', weight, np.abs(q[row]))
+    dk[row] = np.linalg.norm(per_head.reshape(t, -1, group, d).sum(2))
+  return {'dq': dq, 'dk': dk}
 
 
 def conv_oracle(x, weight, state, seg):
