@@ -108,7 +108,7 @@ def test_missing_config_file():
     ('model.num_heads', 5, r'config.model.num_heads=5 is invalid: must be a multiple of model.num_kv_heads=2'),
     ('data.seq_len', 0, r'config.data.seq_len=0 is invalid: must be a positive integer'),
     ('data.seq_len', -1, r'config.data.seq_len=-1 is invalid'),
-    ('model.cycle', ('swa', 'conv'), r"unknown kind 'conv'; allowed kinds: full, swa, headwise, gdn, lightning, mamba2, mlp \(a kind defined outside the package loads through config.model.mixer_modules\)"),
+    ('model.cycle', ('swa', 'conv'), r"unknown kind 'conv'; allowed kinds: full, swa, headwise, gdn, lightning, mamba2, mlp, moe \(a kind defined outside the package loads through config.model.mixer_modules\)"),
     ('model.cycle', (), r'must name at least one layer kind'),
     ('model.dtype', 'float8', r"config.model.dtype='float8' is invalid: allowed: float32, bfloat16"),
     ('model.remat', 'some', r"config.model.remat='some' is invalid: allowed: none, full, save_dots"),

@@ -72,6 +72,8 @@ def get_config(arg=None):
   m.recurrent_chunk_size = 64  # Tokens per chunk of the chunked scans.
   # Each mixer's own section (model.lightning, model.mamba2, model.gdn, ...): its keys, defaults and what each
   # means are declared in the mixer's module (hybrid_jax/models/mixers/<mixer>.py, FIELDS), its registry entry.
+  # model.moe (hybrid_jax/models/mixers/moe_layer.py, docs/MOE.md): mixture-of-experts MLPs, off by default
+  # (model.moe.blocks='none'); which block MLPs are MoE, the router, the experts, the auxiliary loss weights.
   registry.add_sections(m, ml_collections.ConfigDict)
   # Modules outside the package that define more mixer kinds (importable names, e.g. ('my_lab.kda',)); they are
   # imported before the config is checked, so their kinds can appear in `cycle` (docs/ARCHITECTURE.md).
@@ -249,6 +251,7 @@ def get_config(arg=None):
   r.vocab = 'tensor'  # Vocabulary rows of the embedding and LM head.
   r.state = ''  # Recurrent state width.
   r.layers = ''  # Leading axis of scanned layer cycles.
+  r.expert = ''  # Leading axis of stacked MoE expert weights (replicated until expert parallelism exists).
   # Multi-host start-up (jax.distributed); ignored by a single process.
   dist = p.distributed = ml_collections.ConfigDict()
   # 'auto': initialize when the environment names a cluster (TPU VM pod, SLURM, HYBRID_JAX_COORDINATOR);

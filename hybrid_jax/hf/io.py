@@ -94,6 +94,9 @@ def family_arch(model_cfg, arch: str) -> str | None:
   """The recurrent-hybrid family to export as: the one `arch` names, or for 'auto' and a model with layers that
   are not attention, the first family whose class computes what the model does (HFError naming, per family, the
   key it differs in, when none does); None for the attention classes (attention.config)."""
+  if 'moe' in model_cfg and model_cfg.moe.blocks != 'none':
+    raise HFError(f'export does not write mixture-of-experts MLPs yet (model.moe.blocks={model_cfg.moe.blocks!r}; '
+                  'docs/MOE.md)')
   if arch in family_config.FAMILIES:
     return arch
   from hybrid_jax.models.mixers import registry  # pylint: disable=g-import-not-at-top

@@ -11,7 +11,8 @@ Each mixer's count lives in its registry entry (hybrid_jax.models.mixers.registr
 - chunked scans by the chunk FLOP model of docs/KERNELS.md at model.recurrent_chunk_size (terms listed in
   `scalar_scan_flops` and `delta_rule_flops`); the last partial chunk is counted at its real length, so the count
   is exact for any T;
-- depthwise causal convs: 2 x width per channel per token.
+- depthwise causal convs: 2 x width per channel per token;
+- a mixture-of-experts MLP: its active weights only (router, the k experts a token goes to, shared experts).
 Not counted: norms, activations, softmax, RoPE, gating and decay exponentials (elementwise, a few % at most), the
 embedding lookup (a gather: 0 FLOPs), the optimizer update, and any rematerialisation (`recomputed_flops_per_token`
 counts that apart: hardware work, not model work). Training = 3 x forward
@@ -20,7 +21,7 @@ raises MFU. (The attention kernel benchmark uses 3.5 x forward for attention, wh
 recompute of Q K^T: a kernel's work, not the model's.)
 """
 
-from hybrid_jax.models import layers, pattern
+from hybrid_jax.models import layers, moe, pattern
 from hybrid_jax.models.mixers import registry
 
 TRAIN_MULTIPLIER = 3  # forward + backward (2 x forward) in model FLOPs.
@@ -85,6 +86,9 @@ def layer_flops(cfg, spec: pattern.LayerSpec, seq_len: int) -> dict:
   mixer = parts['projections'] + parts['core'] + parts['conv']
   # mlp_in: the MLP's matmuls but the down projection (SwiGLU's gate and up: what remat runs again of it).
   mlp_in = mlp - 2 * seq_len * cfg.d_model * cfg.d_ff if cfg.block_mlp else 0
+  if spec.moe:  # A mixture of experts: the router, a token's k experts and the shared experts (active weights).
+    moe_flops = moe.forward_flops(cfg, seq_len)
+    mlp, mlp_in = moe_flops['total'], moe_flops['input']
   return {'kind': spec.kind, 'window': spec.window, **parts, 'mixer': mixer, 'mlp': mlp,
           'mlp_in': mlp_in, 'total': mixer + mlp}
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.models import documents, layers, pattern
+from hybrid_jax.models import documents, layers, moe, pattern
 from hybrid_jax.models.layers import RMSNorm, dtype_of, param
 from hybrid_jax.models.mixers import make_mixer, registry
 from hybrid_jax.parallel import activations
@@ -54,7 +54,7 @@ class Block(nnx.Module):
     self.mixer = make_mixer(cfg, spec, rngs=rngs)
     if cfg.block_mlp:
       self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pdt, dtype=dt)
-      self.mlp = layers.make_mlp(cfg, rngs=rngs)
+      self.mlp = moe.MoE(cfg, rngs=rngs) if spec.moe else layers.make_mlp(cfg, rngs=rngs)
     else:
       self.mlp_norm = self.mlp = None
     self.scope = spec.scope
@@ -75,20 +75,37 @@ class Block(nnx.Module):
 
   def mlp_branch(self, x):
     """x plus the block's MLP branch (x itself when the block has no MLP)."""
-    if self.mlp is None:
-      return x
-    if self.post_norm:
-      return self.add(x, self.mlp_norm(self.mlp(x)))
-    return self.add(x, self.mlp(self.mlp_norm(x)))
+    return self.mlp_branch_with_stats(x)[0]
 
-  def __call__(self, x, positions, segment_ids=None):
+  def mlp_branch_with_stats(self, x):
+    """(mlp_branch(x), the MLP's router statistics: {} unless it is an MoE)."""
+    if self.mlp is None:
+      return x, {}
+    if self.post_norm:
+      y, stats = moe.with_stats(self.mlp, x)
+      return self.add(x, self.mlp_norm(y)), stats
+    y, stats = moe.with_stats(self.mlp, self.mlp_norm(x))
+    return self.add(x, y), stats
+
+  def forward(self, x, positions, segment_ids=None):
+    """(the block's output, the router statistics of its MoE: {} for a block without one)."""
     # Named scopes survive into the compiled program's op metadata: `bench step` attributes profiled time by them.
     with jax.named_scope(self.scope):
       with jax.named_scope('mixer'):
-        x = self.add(x, self.mixer_output(self.mixer(self.mixer_input(x), positions, segment_ids)))
+        y, mixer_stats = moe.with_stats(self.mixer, self.mixer_input(x), positions, segment_ids)
+        x = self.add(x, self.mixer_output(y))
       with jax.named_scope('mlp'):
-        x = self.mlp_branch(x)
-    return activations.constrain(x, activations.RESIDUAL)
+        x, mlp_stats = self.mlp_branch_with_stats(x)
+    return activations.constrain(x, activations.RESIDUAL), mixer_stats or mlp_stats
+
+  def __call__(self, x, positions, segment_ids=None):
+    return self.forward(x, positions, segment_ids)[0]
+
+  def moe_module(self):
+    """The block's MoE (its MLP or its 'moe' layer), or None."""
+    if isinstance(self.mlp, moe.MoE):
+      return self.mlp
+    return getattr(self.mixer, 'moe', None) if isinstance(getattr(self.mixer, 'moe', None), moe.MoE) else None
 
   def decode(self, x, where, state, *, prefill: bool):
     """Prefill (x [B,T,d] at positions `where`) or one step (x [B,1,d] at position `where`), with mixer state."""
@@ -104,12 +121,18 @@ class Cycle(nnx.Module):
     self.blocks = nnx.List([Block(cfg, spec, rngs=rngs) for spec in specs])
     self.remat = cfg.remat
 
-  def __call__(self, x, positions, segment_ids=None):
+  def forward(self, x, positions, segment_ids=None):
+    """(the cycle's output, [each block's router statistics])."""
     # Each block is its own remat unit, not the cycle, so the backward need not recompute a whole cycle at once:
     # swa128_1to3 (3 SWA + 1 full) at S1 on v5p peaks at 38.3 GB this way, 48.9 GB with the cycle as the unit.
+    stats = []
     for block in self.blocks:
-      x = run_block(block, x, positions, self.remat, segment_ids)
-    return x
+      x, block_stats = run_block(block, x, positions, self.remat, segment_ids)
+      stats.append(block_stats)
+    return x, stats
+
+  def __call__(self, x, positions, segment_ids=None):
+    return self.forward(x, positions, segment_ids)[0]
 
   def decode(self, x, where, states, *, prefill: bool):
     new_states = []
@@ -132,13 +155,14 @@ def _stack_modules(modules):
 
 
 def _apply_pure(graphdef, state, x, positions, segment_ids=None):
-  return nnx.merge(graphdef, state)(x, positions, segment_ids)
+  return nnx.merge(graphdef, state).forward(x, positions, segment_ids)
 
 
 def run_block(block, x, positions, remat: str, segment_ids=None):
-  """block(x, positions, segment_ids) under the remat policy (the unit of rematerialisation is one block)."""
+  """block.forward(x, positions, segment_ids) -> (output, router statistics) under the remat policy (the unit of
+  rematerialisation is one block)."""
   if remat == 'none':
-    return block(x, positions, segment_ids)
+    return block.forward(x, positions, segment_ids)
   graphdef, state = nnx.split(block)
   fn = jax.checkpoint(_apply_pure, policy=_REMAT_POLICIES[remat], static_argnums=(0,))
   return fn(graphdef, state, x, positions, segment_ids)
@@ -175,18 +199,51 @@ class HybridLM(nnx.Module):
 
   def hidden_states(self, tokens, positions=None, segment_ids=None):
     """Final-norm hidden states [B, T, d_model] for int tokens [B, T]; positions and documents as `__call__`."""
+    return self.hidden_states_with_stats(tokens, positions, segment_ids)[0]
+
+  def hidden_states_with_stats(self, tokens, positions=None, segment_ids=None):
+    """(hidden_states, the MoE router statistics {'cycles': [per block of the cycle, stacked over repeats],
+    'tail': [per block]}, {} for a block without an MoE; `stats_by_layer` numbers them by layer)."""
     positions, segment_ids = documents.resolve(tokens, positions, segment_ids)
     with jax.named_scope('embed'):
       x = self.embed_tokens(tokens)
     x = activations.constrain(x, activations.RESIDUAL)
+    stats = {'cycles': [], 'tail': []}
     if self.scan_layers:
       graphdef, stacked = nnx.split(self.cycles)
       body = functools.partial(_apply_pure, graphdef)
-      x, _ = jax.lax.scan(lambda h, s: (body(s, h, positions, segment_ids), None), x, stacked)
+      x, stats['cycles'] = jax.lax.scan(lambda h, s: body(s, h, positions, segment_ids), x, stacked)
     for block in self.tail:
-      x = run_block(block, x, positions, self.remat, segment_ids)
+      x, block_stats = run_block(block, x, positions, self.remat, segment_ids)
+      stats['tail'].append(block_stats)
     with jax.named_scope('final_norm'):
-      return self.final_norm(x)
+      return self.final_norm(x), stats
+
+  def moe_blocks(self, stats):
+    """(layer index or (indices of the scanned repeats), block, its statistics) of every block with an MoE."""
+    period = len(tuple(self.cfg.cycle))
+    n_cycles = jax.tree.leaves(nnx.state(self.cycles))[0].shape[0] if self.scan_layers else 0
+    for j, (block, block_stats) in enumerate(zip(self.cycles.blocks if self.scan_layers else (), stats['cycles'])):
+      if block.moe_module() is not None:
+        yield tuple(c * period + j for c in range(n_cycles)), block, block_stats
+    for i, (block, block_stats) in enumerate(zip(self.tail, stats['tail'])):
+      if block.moe_module() is not None:
+        yield n_cycles * period + i, block, block_stats
+
+  def stats_by_layer(self, stats) -> dict:
+    """{layer index: that layer's router statistics} from `hidden_states_with_stats`'s statistics."""
+    out = {}
+    for where, _, block_stats in self.moe_blocks(stats):
+      if isinstance(where, tuple):
+        out.update((index, jax.tree.map(lambda v, c=c: v[c], block_stats)) for c, index in enumerate(where))
+      else:
+        out[where] = block_stats
+    return dict(sorted(out.items()))
+
+  def update_router_biases(self, stats, rate: float) -> None:
+    """Auxiliary-loss-free balancing: every sigmoid router's selection bias moved by its layer's load (in place)."""
+    for _, block, block_stats in self.moe_blocks(stats):
+      moe.update_router_bias(block.moe_module(), block_stats, rate)
 
   def logits(self, h):
     """Logits [..., vocab] (compute dtype) of final hidden states `h` [..., d_model]."""

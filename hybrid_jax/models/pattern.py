@@ -6,6 +6,7 @@ Stacks are repeats of `model.cycle`, so a scanned model scans one cycle and comp
 import dataclasses
 from typing import Any, Mapping
 
+from hybrid_jax.models import moe
 from hybrid_jax.models.mixers import registry
 
 
@@ -19,6 +20,7 @@ class LayerSpec:
   rope: bool
   # Name -> value, given as a mapping and kept as sorted pairs: a spec stays immutable, hashable and comparable.
   options: tuple[tuple[str, Any], ...] = ()
+  moe: bool = False  # The block's MLP is a mixture of experts (model.moe.blocks; hybrid_jax.models.moe).
 
   def __post_init__(self):
     if isinstance(self.options, Mapping):
@@ -45,6 +47,8 @@ def layer_spec(model_cfg, index: int) -> LayerSpec:
   spec = kind.spec(model_cfg, index) if kind.spec else LayerSpec(kind.name, None, False)
   if kind.layer_options:
     spec = dataclasses.replace(spec, options=kind.layer_options(model_cfg, index))
+  if 'moe' in model_cfg and moe.is_moe_block(model_cfg, index):
+    spec = dataclasses.replace(spec, moe=True)
   return spec
 
 

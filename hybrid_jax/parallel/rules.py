@@ -12,7 +12,7 @@ import dataclasses
 from hybrid_jax.errors import UserError
 
 MESH_AXES = ('data', 'fsdp', 'sequence', 'tensor')  # Outer to inner: the inner axes get the nearest chips.
-LOGICAL_AXES = ('batch', 'seq', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'vocab', 'state', 'layers')
+LOGICAL_AXES = ('batch', 'seq', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'vocab', 'state', 'layers', 'expert')
 
 
 class ShardingRuleError(UserError, ValueError):
@@ -40,7 +40,7 @@ def parse_rules(rules_cfg) -> dict[str, tuple[str, ...]]:
 # rules that put two of them on the same mesh axis are rejected when the config is validated. (Activations may
 # share a mesh axis between batch and embed: FSDP splits the batch of activations and the width of weights.)
 CO_OCCURRING = (
-    ('layers', 'vocab', 'embed'), ('layers', 'embed', 'mlp'), ('layers', 'embed', 'heads', 'head_dim'),
+    ('layers', 'vocab', 'embed'), ('layers', 'embed', 'mlp'), ('layers', 'expert', 'embed', 'mlp'), ('layers', 'embed', 'heads', 'head_dim'),
     ('layers', 'embed', 'kv_heads', 'head_dim'), ('layers', 'heads', 'head_dim', 'state'), ('batch', 'seq'),
 )
 

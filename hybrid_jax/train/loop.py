@@ -350,7 +350,7 @@ def _log_interval(run: _Run, p: _Progress, m: dict, bar) -> None:
   t = run.config.train
   tokens_per_step = t.batch_size * run.config.data.seq_len
   dt = statistics.median(p.step_times[-t.log_every:])
-  logged = {k: float(v) for k, v in m.items()}
+  logged = {k: float(v) if np.ndim(v) == 0 else np.asarray(v).tolist() for k, v in m.items()}  # MoE loads: lists.
   logged.update(loss=statistics.fmean(p.interval_losses), loss_last=p.last_loss, loss_steps=len(p.interval_losses))
   p.logged_losses, p.interval_losses = p.interval_losses, []
   logged.update(lr=float(run.schedule(p.step - 1)), step_time_s=dt, tokens_per_s=tokens_per_step / dt)

@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import activations
@@ -78,7 +79,11 @@ def sequence_nll(model, tokens, targets, chunk: int = 0, *, positions=None, segm
   float32); the backward pass recomputes each chunk's logits, one extra LM-head matmul. T need not be a multiple
   of `chunk` (the last chunk is padded, and the padding sliced off).
   """
-  h = model.hidden_states(tokens, positions, segment_ids)
+  return _nll_of_hidden(model, model.hidden_states(tokens, positions, segment_ids), targets, chunk)
+
+
+def _nll_of_hidden(model, h, targets, chunk: int):
+  """`sequence_nll` from the final hidden states h [B, T, d]."""
   batch, length = targets.shape
   if not chunk or chunk >= length:
     return _head_and_loss(model, h, targets)
@@ -93,11 +98,16 @@ def weighted_loss_sums(model, tokens, targets, weights, chunk: int = 0, *, posit
   it: a weighted sum taken outside keeps one chunk's float32 logits live beside the layers' saved activations
   (measured on S1 at 16K on v5p: about a quarter more peak memory).
   """
+  return _weighted_sums_of_hidden(model, model.hidden_states(tokens, positions, segment_ids), targets, weights,
+                                  chunk)
+
+
+def _weighted_sums_of_hidden(model, h, targets, weights, chunk: int):
+  """`weighted_loss_sums` from the final hidden states h [B, T, d]."""
   def sums(h, targets, weights):
     nll, log_z = _head_and_loss(model, h, targets)
     return jnp.sum(nll * weights), jnp.sum(jnp.square(log_z) * weights)
 
-  h = model.hidden_states(tokens, positions, segment_ids)
   if not chunk or chunk >= targets.shape[1]:
     return sums(h, targets, weights)
   (nll, z), _ = _over_chunks(sums, h, (targets, weights), chunk)
@@ -116,8 +126,37 @@ def _tracing_for(shardings):
     yield
 
 
+def router_penalty(model, stats):
+  """The MoE layers' auxiliary terms added to the training loss: model.moe.aux_loss_coef times the summed
+  load-balancing losses plus model.moe.z_loss_coef times the summed router z-losses (0 without MoE layers)."""
+  by_layer = model.stats_by_layer(stats)
+  if not by_layer:
+    return 0.0
+  moe_cfg = model.cfg.moe
+  aux = sum(layer['aux_loss'] for layer in by_layer.values())
+  z = sum(layer['z_loss'] for layer in by_layer.values())
+  return float(moe_cfg.aux_loss_coef) * aux + float(moe_cfg.z_loss_coef) * z
+
+
+def router_metrics(model, stats) -> dict:
+  """The MoE layers' statistics as metrics: 'moe_aux_loss' and 'moe_z_loss' (summed over layers, before their
+  coefficients) and 'moe/layer{i}/{name}' per layer ('load' a vector: per-expert fractions)."""
+  by_layer = model.stats_by_layer(stats)
+  if not by_layer:
+    return {}
+  out = {'moe_aux_loss': sum(s['aux_loss'] for s in by_layer.values()),
+         'moe_z_loss': sum(s['z_loss'] for s in by_layer.values())}
+  for index, layer in by_layer.items():
+    out.update({f'moe/layer{index}/{name}': value for name, value in layer.items()})
+  return out
+
+
 def make_train_step(model_def, tx, train_cfg, shardings=None):
   """The jitted train step (state donated). Gradient accumulation scans over micro-batches.
+
+  With MoE layers the loss also carries their router penalty (`router_penalty`), the metrics their statistics
+  (averaged over micro-batches), and with model.moe.bias_rate the sigmoid routers' selection biases move after the
+  optimizer update (auxiliary-loss-free balancing).
 
   With `shardings` (hybrid_jax.parallel.mesh.TrainShardings) state, batch and metrics get explicit layouts, and
   GSPMD inserts the collectives (data parallel, FSDP gathers, tensor-parallel reductions).
@@ -126,21 +165,27 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
   loss_chunk = int(train_cfg.loss_chunk)
 
   def loss_fn(params, batch, counted):
-    """(loss + z-loss, loss) of a (micro-)batch: the mean over its targets, or with documents the sum over the
-    counted targets divided by `counted`, the whole batch's count (so micro-batches add up to the batch's mean)."""
+    """(loss + z-loss + router penalty, (loss, router statistics)) of a (micro-)batch: the mean over its
+    targets, or with documents the sum over the counted targets divided by `counted`, the whole batch's count (so
+    micro-batches add up to the batch's mean; the router penalty, a mean per micro-batch, is then divided by the
+    micro-batches)."""
     model = model_def.bind(params)
     weights = target_weights(batch)
     with _tracing_for(shardings):
       if weights is None:
-        nll, log_z = sequence_nll(model, batch['inputs'], batch['targets'], loss_chunk)
+        h, stats = model.hidden_states_with_stats(batch['inputs'])
+        nll, log_z = _nll_of_hidden(model, h, batch['targets'], loss_chunk)
       else:
-        nll_sum, z_sum = weighted_loss_sums(model, batch['inputs'], batch['targets'], weights, loss_chunk,
-                                            positions=batch.get('positions'), segment_ids=batch['segment_ids'])
+        h, stats = model.hidden_states_with_stats(batch['inputs'], batch.get('positions'), batch['segment_ids'])
+        nll_sum, z_sum = _weighted_sums_of_hidden(model, h, batch['targets'], weights, loss_chunk)
+    penalty = router_penalty(model, stats)
     if weights is None:
       loss = jnp.mean(nll)
-      return (loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss), loss
+      total = loss + z_weight * jnp.mean(jnp.square(log_z)) if z_weight else loss
+      return total + penalty, (loss, stats)
     loss = nll_sum / counted
-    return (loss + z_weight * z_sum / counted if z_weight else loss), loss
+    total = loss + z_weight * z_sum / counted if z_weight else loss
+    return total + penalty / accum, (loss, stats)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -149,24 +194,32 @@ def make_train_step(model_def, tx, train_cfg, shardings=None):
     weights = target_weights(batch)
     counted = None if weights is None else jnp.maximum(jnp.sum(weights), 1.0)
     if accum == 1:
-      (_, loss), grads = grad_fn(params, batch, counted)
+      (_, (loss, stats)), grads = grad_fn(params, batch, counted)
     else:
       micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
 
       def body(carry, mb):
-        (_, loss), grads = grad_fn(params, mb, counted)
-        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+        (_, (loss, stats)), grads = grad_fn(params, mb, counted)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), stats
 
       zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-      (loss, grads), _ = jax.lax.scan(body, zeros, micro)
+      (loss, grads), stats = jax.lax.scan(body, zeros, micro)
+      stats = jax.tree.map(lambda x: jnp.mean(x, axis=0), stats)
       if weights is None:  # Means of equal micro-batches; with documents the parts already sum to the mean.
         loss, grads = jax.tree.map(lambda x: x / accum, (loss, grads))
     with jax.named_scope('optimizer'):
       updates, opt_state = tx.update(grads, state['opt_state'], params)
       new_params = optax.apply_updates(params, updates)
+    model = model_def.bind(params)
+    bias_rate = float(model.cfg.moe.bias_rate) if 'moe' in model.cfg else 0.0
+    if bias_rate and router_metrics(model, stats):
+      moved = model_def.bind(new_params)
+      moved.update_router_biases(stats, bias_rate)
+      new_params = nnx.to_pure_dict(nnx.state(moved))
     new_state = {'step': state['step'] + 1, 'params': new_params, 'opt_state': opt_state}
     with jax.named_scope('metrics'):
-      metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), 'param_norm': optax.global_norm(params)}
+      metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads), 'param_norm': optax.global_norm(params),
+                 **router_metrics(model, stats)}
     return new_state, metrics
 
   if shardings is None:
