@@ -32,7 +32,8 @@ was):
 - `record_gap`: that many haystack characters between a record's value and its key (`VALUE...KEY`; the query stays
   `KEYVALUE`). A short causal convolution (width 4 in GDN and Mamba-2) sees the value from the key's position when
   they are adjacent, so it binds them in one token; a gap of at least the convolution's width leaves that binding
-  to a layer that mixes across positions.
+  to a layer that mixes across positions. The record's span (`Settings.record`, where the scorers read attention
+  mass on the needle) then includes the gap.
 - `haystack='text'`: the characters around the records come from the built-in corpus (the same split's files, from
   a random file and offset) instead of `filler`: lower-cased, digits removed, non-ASCII folded to '?', so the only
   upper-case letters and digits of a document are still its keys and values.
