@@ -27,6 +27,41 @@ reference (below):
     partial RoPE 0.5 of head_dim 8; SwiGLU MLP in every layer; untied.
   hf_granite_hybrid (granitemoehybrid): dense (num_local_experts 0, shared MLP only), mamba, mamba, NoPE attention,
     mamba; embedding/residual/attention multipliers and logits_scaling away from 1; Mamba-2 expand 1, 2 groups; tied.
+`--build` into a directory named hf_moe (tests/data/hf_moe/, kept apart because the importer's tests read every
+checkpoint under tests/data/hf/ and the importer does not read MoE yet) writes instead six MoE hybrids, vocabulary 64,
+hidden 16, every one with `decode_logits` and `routing` (below), each under 160 KB:
+  hf_qwen3_5_moe (qwen3_5_moe_text): hf_qwen3_5's layers (3 GDN, 1 gated attention) with a sparse MoE block in each:
+    8 SwiGLU experts of width 8, top-3 of a softmax over all experts, renormalised (the class always does), plus a
+    shared SwiGLU expert of width 20 times sigmoid(shared_expert_gate x). Experts FUSED: mlp.experts.gate_up_proj
+    [8, 16, 16] (each expert's gate rows then up rows) and down_proj [8, 16, 8], rewritten so by fuse_experts
+    (save_pretrained writes one tensor per expert).
+  hf_qwen3_next (qwen3_next): GDN, attention, GDN, GDN; its GDN projections fused per key head (in_proj_qkvz,
+    in_proj_ba; 4 value heads over 2 key heads, key dim 8, value dim 6); layer 2 a dense SwiGLU (mlp_only_layers),
+    the others 6 experts of width 8, top-2 with norm_topk_prob false (the softmax weights as they are), and the
+    sigmoid-gated shared expert (width 16). Experts PER EXPERT: mlp.experts.{e}.gate_proj/up_proj/down_proj.weight.
+  hf_nemotron_h_moe (nemotron_h): "MEM*E"; sigmoid router in float32 with a nonzero e_score_correction_bias
+    (0.3 N(0, 1)), 8 experts in n_group 2 groups of 4 with topk_group 1 (a group ranked by the sum of its two best
+    biased scores), top-3, renormalised, times routed_scaling_factor 2.5; squared-ReLU experts (up, down) of width
+    12 and a squared-ReLU shared expert of width 20; Mamba-2 as hf_nemotron_h. Experts PER EXPERT:
+    backbone.layers.{i}.mixer.experts.{e}.up_proj/down_proj.weight. The bias changes 35 of the 64 token choices and
+    the group restriction 56.
+  hf_granite_moe_hybrid (granitemoehybrid): mamba, NoPE attention, mamba, mamba; 8 SwiGLU experts of width 12, top-2
+    (softmax over the two chosen logits), beside the shared SwiGLU MLP (width 24); Granite multipliers away from 1;
+    tied. Experts FUSED: block_sparse_moe.input_linear.weight [8, 24, 16] (gate rows then up rows),
+    output_linear.weight [8, 16, 12], router.layer.weight.
+  hf_gpt_oss (gpt_oss): sliding (window 4), full, sliding, full; attention biases, learned sinks 1 + N(0, 1); YaRN
+    RoPE as released (theta 150000, factor 32, original 4096, beta 32 / 1, not truncated: one of the 4 frequencies
+    blended); 6 experts of width 12, top-3 (softmax over the chosen router logits, router bias); experts with biases
+    and the clamped SwiGLU, swiglu_limit 1.5 so that the clamp binds (8-16 % of gates, 21-28 % of ups). Experts
+    FUSED and transposed: mlp.experts.gate_up_proj [6, 16, 24] (gate and up in alternate columns), down_proj
+    [6, 12, 16], each with a bias.
+  hf_minimax (minimax): lightning, lightning, softmax with RoPE, lightning; block_size 8 (two prefill blocks); every
+    alpha/beta residual factor away from 1; 4 SwiGLU experts of width 12, top-2 of a softmax, renormalised. Experts
+    PER EXPERT: block_sparse_moe.experts.{e}.w1/w2/w3.weight (gate, down, up). The file also holds the lightning
+    layers' precomputed decay buffers.
+Their router weights are drawn like every other weight (0.3 N(0, 1)), which spreads the 32 tokens over every expert
+of every layer (checked: `routing` prints the tokens per expert). docs/HF.md ("MoE fixtures") gives each family's
+routing as transformers computes it.
 `--only` limits building and references to the named fixture directories.
 
 `--compare DIR ...`: the re-load check of exports written by `scripts/hf_export_fixtures.py --run`: loads DIR in
@@ -47,9 +82,13 @@ prints how far the sdpa path's logits are from the eager ones (where the class h
 For the recurrent hybrids (DECODED) it also writes `decode_logits` [2, N, vocab] (float32): the tokens fed one at a time
 through the model's own cache (use_cache=True, the first call the first token alone, explicit position_ids) and
 prints their max |difference| from `logits`, the same without position_ids (Bamba's forward does not offset its
-default positions by the cache length, so its cached decode needs them), and whether `greedy` equals the argmax
-tokens recomputed without a cache. The Mamba-2 and GDN paths are transformers' torch fallbacks (no mamba_ssm,
-causal_conv1d or fla), which only log that they are slower.
+default positions by the cache length, nor MiniMax's, which reads it from a lightning layer, so their cached decode
+needs them), and whether `greedy` equals the argmax tokens recomputed without a cache. For the MoE fixtures it also
+writes `routing` [MoE layers, 2 * N, top_k] (int32): the experts each token chose in each MoE layer, ascending per
+token (see routing()), prints the tokens per expert and the routing checks, and the max |difference| between the
+logits of transformers' per-expert loop (experts_implementation eager) and of its default experts path. Every load
+must find every tensor (no missing, unexpected or misshapen key). The Mamba-2 and GDN paths are transformers' torch
+fallbacks (no mamba_ssm, causal_conv1d or fla), which only log that they are slower.
 """
 
 import json
@@ -157,20 +196,92 @@ BUILT = {
         logits_scaling=1.5, attention_multiplier=0.3, mamba_n_heads=4, mamba_d_head=4, mamba_n_groups=2,
         mamba_d_state=8, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=8, mamba_conv_bias=True)),
 }
-FINITE_SINKS = ('hf_granite_swa_sinks',)
+# Mixture-of-experts hybrids (float32), written into a directory of their own (tests/data/hf_moe/: the importer's
+# tests read every checkpoint under tests/data/hf/, and the importer does not read these yet). Experts' matrices,
+# routers and their biases are drawn like any other weight; Nemotron-H's e_score_correction_bias (a buffer) 0.3 N(0, 1).
+MOE_ROOT = 'hf_moe'
+MOE_BUILT = {
+    # Qwen3.5-MoE text: 3 GDN layers then 1 gated-attention layer (as hf_qwen3_5), a sparse MoE block in every layer:
+    # 8 experts, top-3, softmax over all experts then the top 3 renormalised (the class always does), plus a
+    # shared SwiGLU expert (width 20) scaled by sigmoid(shared_expert_gate(x)). Experts fused (gate_up_proj).
+    'hf_qwen3_5_moe': (transformers.Qwen3_5MoeTextConfig, dict(
+        intermediate_size=DROP, num_hidden_layers=4, head_dim=16, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        layer_types=['linear_attention'] * 3 + ['full_attention'],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+        linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=8,
+        shared_expert_intermediate_size=20,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0, 'partial_rotary_factor': 0.25,
+                         'mrope_section': [1, 1, 0], 'mrope_interleaved': True})),
+    # Qwen3-Next: GDN, attention, GDN, GDN, its GDN projections fused per key head (in_proj_qkvz, in_proj_ba; 4 value
+    # heads over 2 key heads); layer 2 a dense SwiGLU MLP (mlp_only_layers), the others 6 experts, top-2, not
+    # renormalised (norm_topk_prob false), with the sigmoid-gated shared expert. One tensor per expert.
+    'hf_qwen3_next': (transformers.Qwen3NextConfig, dict(
+        intermediate_size=24, num_hidden_layers=4, head_dim=16, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        layer_types=['linear_attention', 'full_attention', 'linear_attention', 'linear_attention'],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+        linear_conv_kernel_dim=4, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=8,
+        shared_expert_intermediate_size=16, norm_topk_prob=False, mlp_only_layers=[2], decoder_sparse_step=1,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0, 'partial_rotary_factor': 0.25})),
+    # Nemotron-H MoE (Nemotron 3 style): "MEM*E"; sigmoid router with e_score_correction_bias, 8 experts in 2 groups
+    # of 4, the group whose two best biased scores sum highest kept (topk_group 1), top-3 in it, renormalised, times
+    # routed_scaling_factor 2.5; squared-ReLU experts (up, down: no gate) and one squared-ReLU shared expert. One
+    # tensor per expert.
+    'hf_nemotron_h_moe': (transformers.NemotronHConfig, dict(
+        hybrid_override_pattern='MEM*E', tie_word_embeddings=False, layer_norm_epsilon=1e-5,
+        mamba_num_heads=4, mamba_head_dim=4, n_groups=2, ssm_state_size=8, conv_kernel=4, use_conv_bias=True,
+        chunk_size=8, mlp_hidden_act='relu2', n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, moe_intermediate_size=12,
+        moe_shared_expert_intermediate_size=20, n_shared_experts=1)),
+    # Granite-4.0-H MoE: mamba, NoPE attention, mamba, mamba; 8 experts, top-2 (softmax over the top-2 logits) beside
+    # the shared SwiGLU MLP; every Granite multiplier away from 1, tied. Experts fused (input_linear, output_linear).
+    'hf_granite_moe_hybrid': (transformers.GraniteMoeHybridConfig, dict(
+        head_dim=DROP, intermediate_size=12, num_hidden_layers=4, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        layer_types=['mamba', 'attention', 'mamba', 'mamba'], position_embedding_type=None,
+        num_local_experts=8, num_experts_per_tok=2, shared_intermediate_size=24, embedding_multiplier=2.0,
+        residual_multiplier=0.7, logits_scaling=1.5, attention_multiplier=0.3, mamba_n_heads=4, mamba_d_head=4,
+        mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=8,
+        mamba_conv_bias=True)),
+    # gpt-oss: sliding (window 4), full, sliding, full; learned sinks 1 + N(0, 1); q/k/v/o biases; YaRN as released
+    # (theta 150000, factor 32, original 4096, beta 32 / 1, not truncated: with head_dim 8 one of the 4 frequencies
+    # is blended); 6 experts, top-3 (softmax over the top-3 router logits, router bias), experts with biases and the
+    # clamped SwiGLU, swiglu_limit 1.5 so that the clamp binds. Experts fused, transposed, gate/up interleaved.
+    'hf_gpt_oss': (transformers.GptOssConfig, dict(
+        intermediate_size=12, num_hidden_layers=4, tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=4,
+        layer_types=['sliding_attention', 'full_attention'] * 2, num_local_experts=6, num_experts_per_tok=3,
+        swiglu_limit=1.5, max_position_embeddings=131072,
+        rope_parameters={'rope_type': 'yarn', 'rope_theta': 150000.0, 'factor': 32.0, 'beta_fast': 32.0,
+                         'beta_slow': 1.0, 'truncate': False, 'original_max_position_embeddings': 4096})),
+    # MiniMax(-Text-01): lightning, lightning, softmax (RoPE), lightning; block_size 8 < 16 tokens (two blocks in the
+    # prefill); alpha/beta residual factors away from 1; 4 experts, top-2, softmax then renormalised. One tensor per
+    # expert (w1, w2, w3).
+    'hf_minimax': (transformers.MiniMaxConfig, dict(
+        intermediate_size=12, num_hidden_layers=4, tie_word_embeddings=False, rms_norm_eps=1e-5,
+        layer_types=['linear_attention', 'linear_attention', 'full_attention', 'linear_attention'], block_size=8,
+        num_local_experts=4, num_experts_per_tok=2, full_attn_alpha_factor=1.6, full_attn_beta_factor=0.9,
+        linear_attn_alpha_factor=1.3, linear_attn_beta_factor=1.1, mlp_alpha_factor=1.5, mlp_beta_factor=0.8,
+        rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0})),
+}
+FINITE_SINKS = ('hf_granite_swa_sinks', 'hf_gpt_oss')
+# Fixtures with finite sinks whose layer 1 keeps one head at -inf (no sink).
+SINKLESS_HEAD = ('hf_granite_swa_sinks',)
+# MoE fixtures saved with their experts fused into one tensor per projection (see fuse_experts).
+FUSED_EXPERTS = ('hf_qwen3_5_moe',)
 # Fixtures whose reference also holds `decode_logits` (token by token through the model's cache).
-DECODED = ('hf_qwen3_5', 'hf_olmo_hybrid', 'hf_olmo_hybrid_saved', 'hf_nemotron_h', 'hf_bamba', 'hf_granite_hybrid')
+DECODED = ('hf_qwen3_5', 'hf_olmo_hybrid', 'hf_olmo_hybrid_saved', 'hf_nemotron_h', 'hf_bamba', 'hf_granite_hybrid',
+           *MOE_BUILT)
 # OLMo hybrid fixtures whose conv tensors stay as save_pretrained cut them (the others get the released split).
 AS_SAVED = ('hf_olmo_hybrid_saved',)
 # Norms whose scale is `1 + weight` (zero-centred); their weights are drawn around 0 instead of 1.
-ZERO_CENTRED_NORMS = ('Qwen3_5RMSNorm',)
+ZERO_CENTRED_NORMS = ('Qwen3_5RMSNorm', 'Qwen3_5MoeRMSNorm', 'Qwen3NextRMSNorm')
 # derived fixture -> (its GraniteSWA source, the MiniCPM fields that give the source's multipliers)
 DERIVED = {'minicpm_from_granite': ('hf_granite_minicpm', dict(scale_emb=12.0, scale_depth=1.4, dim_model_base=4))}
 BATCH, LENGTH, NEW_TOKENS = 2, 16, 8
 
 
 def build(root: pathlib.Path, only=None):
-  for seed, (name, (config_class, fields)) in enumerate(BUILT.items()):
+  # A directory named hf_moe gets the MoE fixtures (seeds from 100), any other the rest.
+  table, first_seed = (MOE_BUILT, 100) if root.name == MOE_ROOT else (BUILT, 0)
+  for seed, (name, (config_class, fields)) in enumerate(table.items(), start=first_seed):
     if only and name not in only:
       continue
     torch.manual_seed(seed)
@@ -196,7 +307,7 @@ def build(root: pathlib.Path, only=None):
           p.copy_(0.2 * torch.randn_like(p))
         elif pname.endswith('sinks') and name in FINITE_SINKS:
           p.copy_(1 + torch.randn_like(p))
-          if pname.startswith('model.layers.1.'):
+          if pname.startswith('model.layers.1.') and name in SINKLESS_HEAD:
             p[2] = -float('inf')
         elif pname.endswith('sinks'):
           p.fill_(-float('inf'))
@@ -204,9 +315,14 @@ def build(root: pathlib.Path, only=None):
           p.copy_(1 + 0.2 * torch.randn_like(p))
         else:
           p.copy_(0.3 * torch.randn_like(p))
+      for bname, b in model.named_buffers():
+        if bname.endswith('e_score_correction_bias'):
+          b.copy_(0.3 * torch.randn_like(b))
     model.save_pretrained(root / name)
     if model.config.model_type == 'olmo_hybrid' and name not in AS_SAVED:
       split_olmo_hybrid_conv(root / name, model.config)
+    if name in FUSED_EXPERTS:
+      fuse_experts(root / name)
     print(f'built {name}: {type(model).__name__}')
 
 
@@ -227,6 +343,74 @@ def split_olmo_hybrid_conv(path: pathlib.Path, config):
   safetensors.numpy.save_file(tensors, str(path / 'model.safetensors'), metadata={'format': 'pt'})
 
 
+def fuse_experts(path: pathlib.Path):
+  """Rewrites one-tensor-per-expert SwiGLU experts (`mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`, which
+  transformers 5.25 saves for every Qwen MoE class through the reverse of its load-time merge) as the fused tensors
+  the class holds: `mlp.experts.gate_up_proj` [experts, 2 * width, hidden] (each expert's gate rows, then its up
+  rows) and `mlp.experts.down_proj` [experts, hidden, width]; transformers loads either layout into the same
+  parameters."""
+  tensors = safetensors.numpy.load_file(str(path / 'model.safetensors'))
+  prefixes = sorted({n[:n.index('experts.') + len('experts.')] for n in tensors if '.experts.0.gate_proj.' in n})
+  for prefix in prefixes:
+    count = len({n for n in tensors if n.startswith(prefix) and n.endswith('.down_proj.weight')})
+    take = lambda e, part: tensors.pop(f'{prefix}{e}.{part}.weight')
+    parts = [(take(e, 'gate_proj'), take(e, 'up_proj'), take(e, 'down_proj')) for e in range(count)]
+    tensors[f'{prefix}gate_up_proj'] = np.stack([np.concatenate([gate, up]) for gate, up, _ in parts])
+    tensors[f'{prefix}down_proj'] = np.stack([down for _, _, down in parts])
+  assert prefixes and not any('.experts.0.' in n for n in tensors)
+  safetensors.numpy.save_file(tensors, str(path / 'model.safetensors'), metadata={'format': 'pt'})
+
+
+def routing(model, ids: torch.Tensor) -> tuple[np.ndarray, dict]:
+  """The experts each token of the rows chose in every MoE layer, [moe layers, batch * N, top_k] (int32, ascending
+  per token), from the routers' own outputs in a full forward, and checks that routing is not degenerate: per layer
+  the number of tokens each expert took (each must be > 0); for a router with e_score_correction_bias and groups,
+  how many (layer, token) choices change without the bias and without the group restriction; for experts with a
+  SwiGLU clamp, the fraction of gate and up pre-activations (all tokens through all experts) beyond the limit."""
+  routers = [(n, m) for n, m in model.named_modules() if type(m).__name__.lower().endswith('router')]
+  clamped = [m for m in model.modules() if hasattr(m, 'limit') and hasattr(m, 'gate_up_proj')]
+  chosen, inputs, clamp = {}, {}, []
+
+  def on_router(name, module, args, out):
+    chosen[name], inputs[name] = out[2], args[0]
+
+  def on_experts(module, args):
+    h = args[0]
+    gate_up = torch.einsum('th,ehf->etf', h, module.gate_up_proj) + module.gate_up_proj_bias[:, None]
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    clamp.append(((gate > module.limit).float().mean().item(), (up.abs() > module.limit).float().mean().item()))
+
+  hooks = [m.register_forward_hook(lambda m, a, o, n=n: on_router(n, m, a, o)) for n, m in routers]
+  hooks += [m.register_forward_pre_hook(on_experts) for m in clamped]
+  with torch.no_grad():
+    model(ids)
+  for hook in hooks:
+    hook.remove()
+  picks = np.stack([np.sort(chosen[n].reshape(ids.numel(), -1).numpy(), axis=-1) for n, _ in routers])
+  checks = {'expert_counts': [np.bincount(p.ravel(), minlength=m.num_experts).tolist()
+                              for p, (_, m) in zip(picks, routers)]}
+  checks['every_expert_chosen'] = all(min(c) > 0 for c in checks['expert_counts'])
+  if routers and hasattr(routers[0][1], 'e_score_correction_bias'):
+    def changed(**attrs):
+      count = 0
+      for (name, router), p in zip(routers, picks):
+        saved = {k: getattr(router, k) for k in attrs}
+        for k, v in attrs.items():
+          setattr(router, k, v(router) if callable(v) else v)
+        with torch.no_grad():
+          other = np.sort(router(inputs[name])[2].numpy(), axis=-1)
+        for k, v in saved.items():
+          setattr(router, k, v)
+        count += int((other != p).any(-1).sum())
+      return count
+    checks['changed_without_bias'] = changed(e_score_correction_bias=lambda r: torch.zeros_like(
+        r.e_score_correction_bias))
+    checks['changed_without_groups'] = changed(num_group=1, topk_group=1)
+  if clamp:
+    checks['clamped_gate_up_fraction'] = [[round(g, 3), round(u, 3)] for g, u in clamp]
+  return picks.astype(np.int32), checks
+
+
 def tokens_for(vocab: int, length: int) -> np.ndarray:
   """Fixed token ids: two rows of a simple permutation pattern covering the vocabulary."""
   return ((np.arange(BATCH * length).reshape(BATCH, length) * 37 + 11) % vocab).astype(np.int32)
@@ -239,10 +423,12 @@ def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
   logits = {}
   for impl in ('sdpa', 'eager'):
     try:
-      model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=impl)
+      model, info = transformers.AutoModelForCausalLM.from_pretrained(
+          path, dtype=torch.float32, attn_implementation=impl, output_loading_info=True)
     except ValueError as e:  # GraniteSWA has no sdpa path (its sinks need the eager softmax).
       print(f'{path.name}: no {impl} path ({str(e)[:60]}...)')
       continue
+    assert not (info['missing_keys'] or info['unexpected_keys'] or info['mismatched_keys']), info
     model.eval()
     with torch.no_grad():
       logits[impl] = model(ids).logits.numpy()
@@ -255,6 +441,13 @@ def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
   result = {'class': type(model).__name__, 'max_abs_logit': float(np.abs(logits['eager']).max()),
             'sdpa_vs_eager_max_abs': float(np.abs(logits['sdpa'] - logits['eager']).max()) if 'sdpa' in logits
             else None}
+  if path.name in MOE_BUILT:
+    arrays['routing'], result['routing'] = routing(model, ids)
+    # transformers' default experts path (grouped_mm) against its per-expert loop (eager).
+    loop = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation='eager',
+                                                             experts_implementation='eager').eval()
+    with torch.no_grad():
+      result['experts_eager_vs_default_max_abs'] = float(np.abs(loop(ids).logits.numpy() - logits['eager']).max())
   if path.name in DECODED:
     arrays['decode_logits'] = decode(model, ids, positions=True)
     gap = float(np.abs(arrays['decode_logits'] - logits['eager']).max())
