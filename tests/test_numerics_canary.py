@@ -54,7 +54,8 @@ def _gaps(config, params=None, rows=2, tokens=0):
 
 
 def _canary_warnings(caplog):
-  return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and 'numerics canary' in r.getMessage()]
+  return [r.getMessage() for r in caplog.records
+          if r.levelno == logging.WARNING and r.getMessage().startswith('numerics canary')]
 
 
 def _batch(config):
@@ -115,7 +116,8 @@ def test_a_training_run_records_the_gaps_in_metrics_and_tensorboard(tmp_path, mo
     standard_hooks.train(c, tmp_path)
   records = [r for r in metrics.read_jsonl(tmp_path / 'metrics.jsonl') if r['kind'] == 'canary']
   assert [r['step'] for r in records] == [1, 2]
-  assert all(r[name] == pytest.approx(NOISE, rel=1e-3) for r in records for name in ('layer0_swa_gap', 'layer1_full_gap'))
+  assert all(r[name] == pytest.approx(NOISE, rel=1e-3) for r in records
+             for name in ('layer0_swa_gap', 'layer1_full_gap'))
   events = event_accumulator.EventAccumulator(str(tmp_path / 'tensorboard'))
   events.Reload()
   assert [e.step for e in events.Scalars('canary/layer1_full_gap')] == [1, 2]
