@@ -308,3 +308,19 @@ def test_the_config_key_is_checked_by_name():
   config.model.attention.max_documents = 0
   with pytest.raises(errors.ConfigError, match=r'^config\.model\.attention\.max_documents=0 is invalid'):
     validation.validate(config)
+
+
+def test_the_attention_bench_names_the_kernel_a_documents_row_ran(monkeypatch):
+  """`bench attention` rows of cuDNN with documents time cuDNN itself, unless the dispatcher falls back."""
+  from hybrid_jax.bench import attention as bench_attention  # pylint: disable=import-outside-toplevel
+  _faked_gpu(monkeypatch)
+  q = jnp.zeros((1, 1024, 8, 128), jnp.bfloat16)
+  bound = cudnn_documents.DEFAULT_MAX_DOCUMENTS
+  at_bound, over = (jnp.asarray(np.arange(1024)[None] // (1024 // n), jnp.int32) for n in (bound, 2 * bound))
+  with platform.targeting('gpu'):
+    assert bench_attention.fallback_of('cudnn', q, 128, at_bound) is None
+    assert bench_attention.fallback_of('cudnn', q, 128, over) == 'pallas_gpu'
+    assert bench_attention.fallback_of('pallas_gpu', q, 128, over) is None
+    monkeypatch.setattr(cudnn_documents, 'unsupported', lambda: 'no cuDNN')
+    with pytest.warns(UserWarning, match='no cuDNN'):
+      assert bench_attention.fallback_of('cudnn', q, 128, at_bound) == 'pallas_gpu'

@@ -44,6 +44,12 @@ def _check_kernels(out):
   assert all(r['fwd_bwd_vs_unmasked'] > 0 for r in documents if r['documents'])
   pairs = {(r['window'], r['documents']): r['pairs'] for r in documents}
   assert all(pairs[w, 12] < pairs[w, None] == pairs[w, 32] for w in (8, None))  # Only a document's own pairs.
+  # The cuDNN-with-documents phase (XLA standing in for cuDNN on CPU): unmasked and on documents, at two T.
+  cudnn_documents = attention['cudnn_documents']['rows']
+  assert [(r['impl'], r['window'], r['T'], r['documents']) for r in cudnn_documents] == [
+      ('xla', window, t, n) for window in (8, None) for t in (16, 32) for n in (None, 12)]
+  assert all('error' not in r and r['fwd_bwd_ms'] > 0 for r in cudnn_documents)
+  assert attention['documents_parity']['rows'] and all(r['ok'] for r in attention['documents_parity']['rows'])
   scan = json.loads((out / 'scan.json').read_text())
   assert scan['parity'] and all(r['ok'] for r in scan['parity'])
   # Parity rows carry the shared-memory model of what they ran, for the device run to check it against.
@@ -87,8 +93,14 @@ def test_summary_compares_each_measure_with_its_target(tmp_path):
                     dict(impl='pallas_gpu', window=512, fwd_bwd_vs_cudnn=1.1),
                     dict(impl='pallas_gpu', window=2048, error='RuntimeError: no\nmore'),
                     dict(impl='cudnn', window=None, fwd_bwd_vs_cudnn=1.0)]
+  documents_rows = [dict(impl='cudnn', T=16384, window=128, documents=512, fwd_bwd_ms=1.0),
+                    dict(impl='cudnn', T=32768, window=128, documents=512, fwd_bwd_ms=2.0),
+                    dict(impl='pallas_gpu', T=32768, window=128, documents=512, fwd_bwd_ms=5.0),
+                    dict(impl='cudnn', T=32768, window=None, documents=512, fwd_bwd_ms=9.0, ran='pallas_gpu'),
+                    dict(impl='pallas_gpu', T=32768, window=None, documents=512, fwd_bwd_ms=9.0)]
   (tmp_path / 'attention.json').write_text(json.dumps(
-      {'parity': {'rows': [{'ok': True}, {'ok': False}]}, 'bench': {'rows': attention_rows}}))
+      {'parity': {'rows': [{'ok': True}, {'ok': False}]}, 'bench': {'rows': attention_rows},
+       'cudnn_documents': {'rows': documents_rows}, 'documents_parity': {'rows': [{'ok': True}]}}))
   (tmp_path / 'scan.json').write_text(json.dumps({'parity': [{'ok': True}], 'rows': [
       dict(kernel='linear_scan', impl='pallas_gpu', fwd_bwd_vs_fla=1.25)]}))
   (tmp_path / 'step.json').write_text(json.dumps([
@@ -100,6 +112,9 @@ def test_summary_compares_each_measure_with_its_target(tmp_path):
   assert '| attention w2048 fwd+bwd vs cuDNN | error: RuntimeError: no | >= 1.0 |  |' in lines
   assert '| attention wfull fwd+bwd vs cuDNN | not measured | >= 0.8 |  |' in lines  # Only cuDNN's own row.
   assert '| attention parity cases passed | 1/2 | all | missed |' in lines
+  assert '| attention documents w128 fwd+bwd cuDNN vs pallas_gpu | 2.50 | >= 1.0 | met |' in lines  # At 32K.
+  assert '| attention documents wfull fwd+bwd cuDNN vs pallas_gpu | ran pallas_gpu | >= 1.0 |  |' in lines
+  assert '| attention documents parity cases passed | 1/1 | all | met |' in lines
   assert '| linear_scan pallas_gpu fwd+bwd vs fla | 1.25 | >= 1.0 | met |' in lines
   assert '| gated_delta_rule pallas_gpu fwd+bwd vs fla | not measured | >= 1.0 |  |' in lines
   assert '| step full MFU | 31.0% | >= 45% | missed |' in lines
@@ -110,4 +125,4 @@ def test_summary_compares_each_measure_with_its_target(tmp_path):
 
 def test_summary_of_nothing_is_all_not_measured(tmp_path):
   text = summary.summary(tmp_path)
-  assert '| met |' not in text and '| missed |' not in text and text.count('not measured') == 14
+  assert '| met |' not in text and '| missed |' not in text and text.count('not measured') == 17

@@ -65,13 +65,17 @@ def ceilings(args):
 
 
 def fallback_of(impl, q, window, segment_ids):
-  """What a call of `impl` with documents runs instead, where the dispatcher falls back (cuDNN has no documents);
-  None where `impl` itself runs."""
-  from hybrid_jax.kernels import platform  # pylint: disable=import-outside-toplevel
-  from hybrid_jax.kernels.attention import api  # pylint: disable=import-outside-toplevel
+  """What a call of `impl` with documents runs instead, where the dispatcher falls back (a GPU whose cuDNN cannot
+  run packed documents, or rows of more documents than cuDNN's packed layout holds); None where `impl` runs."""
+  from hybrid_jax.kernels import platform, segments  # pylint: disable=import-outside-toplevel
+  from hybrid_jax.kernels.attention import api, cudnn_documents  # pylint: disable=import-outside-toplevel
   if impl != 'cudnn' or segment_ids is None or platform.target() != 'gpu':
     return None
-  return api._auto(q, window, 0, segment_ids, preferred='cudnn')  # pylint: disable=protected-access
+  ran = api._auto(q, window, 0, segment_ids, preferred='cudnn')  # pylint: disable=protected-access
+  if ran != impl:
+    return ran
+  most = int(np.max(segments.runs(segment_ids)[:, -1])) + 1
+  return 'pallas_gpu' if most > cudnn_documents.DEFAULT_MAX_DOCUMENTS else None
 
 
 def measure(t, window, impl, args, documents=None):
@@ -102,7 +106,7 @@ def measure(t, window, impl, args, documents=None):
     ran = fallback_of(impl, q, window, seg)
     if ran:
       row['ran'] = ran
-      row['note'] = f'{impl} has no documents: the call runs {ran} instead (the dispatcher\'s fallback)'
+      row['note'] = f"{impl} cannot run these documents here: the call runs {ran} instead (the dispatcher's fallback)"
     row['fwd_compile_s'], row['fwd_ms'] = timing.timed(fwd, (q, k, v, seg), args.repeats, args.min_seconds)
     row['fwd_tflops'] = flops / row['fwd_ms'] / 1e9
     row['fwd_gbs'] = io / row['fwd_ms'] / 1e6

@@ -5,7 +5,10 @@
 #   attention.txt    attention parity (every block configuration the dispatcher can pick) and the bench:
 #   attention.json   pallas_gpu vs cuDNN at 1 x 32K, windows 128, 512, 2048 and full, fwd and fwd+bwd ("bench");
 #                    pallas_gpu on rows of documents of 512 tokens and of one 8K document each, against the same
-#                    call unmasked, at 4 x 8K, windows 128 and full ("documents")
+#                    call unmasked, at 4 x 8K, windows 128 and full ("documents"); cuDNN and pallas_gpu, each
+#                    unmasked and on rows of documents of 512 tokens (cuDNN's packed layout: 32 and 64 documents per
+#                    row, the default bound), at 2 x 16K and 1 x 32K, windows 128 and full ("cudnn_documents"),
+#                    after the parity of rows of documents through the automatic choice ("documents_parity")
 #   scan.txt         scan parity and the bench: pallas_gpu vs xla vs fla at 4 x 8K, fwd and fwd+bwd, each also on
 #   scan.json        documents of 512 tokens against itself unmasked (fla: its varlen form of the same documents)
 #   step.txt         the S4 16K x 8 training step for full, swa128_nope and gdn with the profiled breakdown by
@@ -78,9 +81,12 @@ PY
 
 if [[ "$dry" == 1 ]]; then
   attn_parity=(--smoke --budget 60)
+  attn_documents_parity=(--smoke --budget 60)
   attn_bench=(--seq-lens 32 --windows 8,full --heads 2 --head-dim 16 --tokens 32 --impls pallas_gpu,xla --gemm 16)
   attn_documents=(--seq-lens 32 --windows 8,full --heads 2 --head-dim 16 --tokens 64 --impls pallas_gpu --gemm 16
                   --documents 12,32)
+  attn_cudnn_documents=(--seq-lens 16,32 --windows 8,full --heads 2 --head-dim 16 --tokens 32 --impls xla --gemm 16
+                        --documents 12)  # No cuDNN on CPU: XLA stands in (the documents phase runs pallas_gpu).
   scan_args=(--seq-lens 32 --batch 1 --heads 1 --head-dim 16 --chunk-size 16 --impls pallas_gpu,xla --gemm 16
              --kernels linear_scan --parity-budget 60 --documents 12)
   step_shape=(--seq_len 32 --batch_size 2 --steps 1 --set model.d_model=32 --set model.num_layers=2
@@ -92,8 +98,11 @@ if [[ "$dry" == 1 ]]; then
   quick=(--repeats 1 --min-seconds 0 --timeout 40)
 else
   attn_parity=(--budget 55)
+  attn_documents_parity=(--budget 25)
   attn_bench=(--seq-lens 32768 --windows 128,512,2048,full --tokens 32768 --impls pallas_gpu,cudnn)
   attn_documents=(--seq-lens 8192 --windows 128,full --tokens 32768 --impls pallas_gpu --documents 512,8192)
+  attn_cudnn_documents=(--seq-lens 16384,32768 --windows 128,full --tokens 32768 --impls cudnn,pallas_gpu
+                        --documents 512)
   scan_args=(--seq-lens 8192 --batch 4 --heads 16 --head-dim 128 --chunk-size 64 --impls pallas_gpu,xla --fla
              --parity-budget 50 --documents 512)
   step_shape=(--seq_len 16384 --batch_size 8 --steps 3 --set model.remat=save_dots)
@@ -108,8 +117,13 @@ boxed "$out/attention.txt" 60 "$py" -m hybrid_jax bench attention "${attn_bench[
   --json "$work/attention_bench.json"
 boxed "$out/attention.txt" 50 "$py" -m hybrid_jax bench attention "${attn_documents[@]}" "${quick[@]}" \
   --json "$work/attention_documents.json"
+boxed "$out/attention.txt" 30 "$py" scripts/device/attention_parity.py --documents "${attn_documents_parity[@]}" \
+  --json "$work/attention_documents_parity.json"
+boxed "$out/attention.txt" 50 "$py" -m hybrid_jax bench attention "${attn_cudnn_documents[@]}" "${quick[@]}" \
+  --json "$work/attention_cudnn_documents.json"
 merge "$out/attention.json" parity="$work/attention_parity.json" bench="$work/attention_bench.json" \
-  documents="$work/attention_documents.json"
+  documents="$work/attention_documents.json" documents_parity="$work/attention_documents_parity.json" \
+  cudnn_documents="$work/attention_cudnn_documents.json"
 
 boxed "$out/scan.txt" 140 env XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" -m hybrid_jax bench scan --parity \
   "${scan_args[@]}" "${quick[@]}" --json "$out/scan.json"

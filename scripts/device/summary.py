@@ -14,6 +14,7 @@ import sys
 ATTENTION_TARGETS = {128: 1.5, 512: 1.2, 2048: 1.0, None: 0.8}  # window -> pallas_gpu fwd+bwd speed vs cuDNN.
 SCAN_TARGET = 1.0  # pallas_gpu fwd+bwd speed vs fla, both scans.
 MFU_TARGETS = {'full': 0.45, 'swa128_nope': 0.40, 'gdn': 0.30}  # Training-step MFU (bf16 dense peak).
+DOCUMENTS_TARGET = 1.0  # cuDNN (packed documents) fwd+bwd speed vs pallas_gpu on the same documents, w128 and full.
 
 
 def _load(path):
@@ -38,10 +39,36 @@ def attention_rows(data):
     if 'error' in row:
       value = 'error: ' + row['error'].splitlines()[0][:80]
     out.append((f"attention w{window or 'full'} fwd+bwd vs cuDNN", value, f'>= {target}', verdict))
+  out += documents_rows(data)
   parity = (data or {}).get('parity') or {}
   cases = parity.get('rows', [])
   passed = sum(bool(r.get('ok')) for r in cases)
   out.append(('attention parity cases passed', f'{passed}/{len(cases)}' if cases else 'not measured',
+              'all', 'met' if cases and passed == len(cases) else ('missed' if cases else '')))
+  return out
+
+
+def documents_rows(data):
+  """cuDNN's packed documents against pallas_gpu on the same rows, at the longest T measured, per window."""
+  rows = [r for r in ((data or {}).get('cudnn_documents') or {}).get('rows', []) if r.get('documents')]
+  out = []
+  for window in (128, None):
+    here = [r for r in rows if r.get('window') == window]
+    t = max((r.get('T', 0) for r in here), default=None)
+    cudnn, pallas = (next((r for r in here if r.get('impl') == impl and r.get('T') == t), {})
+                     for impl in ('cudnn', 'pallas_gpu'))
+    ms = cudnn.get('fwd_bwd_ms'), pallas.get('fwd_bwd_ms')
+    value, verdict = _cell(ms[1] / ms[0] if None not in ms else None, DOCUMENTS_TARGET)
+    if cudnn.get('ran'):  # The dispatcher fell back: the row timed another kernel.
+      value, verdict = f"ran {cudnn['ran']}", ''
+    for row in (cudnn, pallas):
+      if 'error' in row:
+        value, verdict = 'error: ' + row['error'].splitlines()[0][:80], ''
+    out.append((f"attention documents w{window or 'full'} fwd+bwd cuDNN vs pallas_gpu", value,
+                f'>= {DOCUMENTS_TARGET}', verdict))
+  cases = ((data or {}).get('documents_parity') or {}).get('rows', [])
+  passed = sum(bool(r.get('ok')) for r in cases)
+  out.append(('attention documents parity cases passed', f'{passed}/{len(cases)}' if cases else 'not measured',
               'all', 'met' if cases and passed == len(cases) else ('missed' if cases else '')))
   return out
 
