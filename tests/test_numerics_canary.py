@@ -146,6 +146,17 @@ def test_correct_kernels_stay_under_the_tolerance(params):
   assert canary.tolerance(validate(c)) == 2e-2 and all(1e-4 < gap < 2e-2 for gap in gaps.values()), gaps
 
 
+def test_float32_is_held_to_its_tolerance_where_its_dots_are_float32():
+  """On GPU and TPU a float32 model's dots round to TF32 or bfloat16 at the default precision: the half precisions'
+  tolerance, unless the matmul precision asks for float32."""
+  c = validate(small_config())
+  assert [canary.tolerance(c, p) for p in ('cpu', 'gpu', 'tpu')] == [1e-4, 2e-2, 2e-2]
+  with jax.default_matmul_precision('highest'):
+    assert canary.tolerance(c, 'tpu') == 1e-4
+  c.model.dtype = 'float16'
+  assert canary.tolerance(c, 'cpu') == 2e-2
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize('settings', [dict(dtype='bfloat16'), dict(recurrent_implementation='pallas_tpu')])
 def test_a_gdn_layer_stays_under_the_tolerance(settings):

@@ -213,8 +213,10 @@ def get_config(arg=None):
   # The largest gap that is not a defect, by model.dtype: float32 kernels agree to about 1e-5 (docs/KERNELS.md,
   # "Tolerances"); a bfloat16 layer rounds its projections and activations: 3e-3 to 7e-3 against float32 for the
   # S1 scale's attention, GDN, Mamba-2 and Lightning layers at 2048 tokens (initial parameters, XLA:CPU).
+  # float32's holds where float32 dots are float32 (CPU, or jax_default_matmul_precision 'highest'); on GPU and TPU
+  # they round to TF32 or bfloat16 at the default precision, and bfloat16's holds, as for float16.
   t.numerics_canary_tolerance_float32 = 1e-4
-  t.numerics_canary_tolerance_bfloat16 = 2e-2  # Also float16's (finer than bfloat16).
+  t.numerics_canary_tolerance_bfloat16 = 2e-2
 
   # ------------------------------------------------------------------------------------------------ eval
   e = c.eval = ml_collections.ConfigDict()

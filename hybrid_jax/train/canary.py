@@ -35,11 +35,19 @@ def every(train_cfg, where) -> int:
   return AUTO_EVERY[platform.platform_of(where)] if value == 'auto' else int(value)
 
 
-def tolerance(config) -> float:
-  """The largest gap that is not a defect, by model.dtype (float16 takes bfloat16's)."""
-  t = config.train
-  return float(t.numerics_canary_tolerance_float32 if config.model.dtype == 'float32'
-               else t.numerics_canary_tolerance_bfloat16)
+def tolerance_key(config, where='cpu') -> str:
+  """The train.* key of the largest gap that is not a defect on `where` (a platform name or a mesh): float32's
+  where float32 dots are float32, else the half precisions' (bfloat16, float16; and float32 on GPU and TPU, whose
+  dots at the default precision round their operands to TF32 or bfloat16 unless jax_default_matmul_precision asks
+  for float32)."""
+  full = (platform.platform_of(where) == 'cpu' or
+          jax.config.jax_default_matmul_precision in ('highest', 'float32'))
+  exact = config.model.dtype == 'float32' and full
+  return 'numerics_canary_tolerance_' + ('float32' if exact else 'bfloat16')
+
+
+def tolerance(config, where='cpu') -> float:
+  return float(config.train[tolerance_key(config, where)])
 
 
 def checked_layers(model_cfg) -> list[forward.Layer]:
@@ -115,7 +123,8 @@ class NumericsCanary(hooks.Hook):
     t = config.train
     self.rows = min(int(t.numerics_canary_rows), int(t.batch_size))
     self.tokens = min(int(t.numerics_canary_tokens) or config.data.seq_len, config.data.seq_len)
-    self.tolerance = tolerance(config)
+    self.tolerance_key = tolerance_key(config, context.mesh)
+    self.tolerance = float(t[self.tolerance_key])
     self.check = make_check(config.model, context.model_def, context.shardings, self.rows, self.tokens)
     self.warned = set()  # Layer indices already warned about.
 
@@ -132,6 +141,6 @@ class NumericsCanary(hooks.Hook):
         model = self.context.config.model
         logging.warning(
             'numerics canary: layer %d (%s) with %s in %s differs from the float32 xla kernels by %.3g at step %d '
-            '(tolerance %g, train.numerics_canary_tolerance_%s): a kernel may be computing something wrong on this '
-            'hardware', layer.index, layer.kind, implementation_key(model, layer.kind), model.dtype, gap, step,
-            self.tolerance, 'float32' if model.dtype == 'float32' else 'bfloat16')
+            '(tolerance %g, train.%s): a kernel may be computing something wrong on this hardware', layer.index,
+            layer.kind, implementation_key(model, layer.kind), model.dtype, gap, step, self.tolerance,
+            self.tolerance_key)
