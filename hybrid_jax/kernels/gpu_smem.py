@@ -85,12 +85,13 @@ def gated_delta_rule(c, dk, dv, bv, itemsize, stages) -> dict:
   return {
       # k rows [C, K] (input dtype), v rows [C, V] (fp32: beta V feeds fp32 dots); blocks of T stay in registers.
       'gated_delta_rule.intra': tile(c, dk, it) + tile(c, dv, F) + tile(sub, sub, F),
-      # Loop: k [C, K], W [C, K] (fp32 storage), U [C, bv] (fp32) pipelined; (K o tail)^T transposed.
-      'gated_delta_rule.state': stages * (tile(c, dk, it) + tile(c, dk, F) + tile(c, bv, F)) + tile(c, dk, it),
+      # Loop: k [C, K], W [C, K] (fp32 storage), U [C, bv] (fp32) pipelined; (K o tail)^T transposed (an fp32
+      # dot: the products with the carried S and V_new take fp32 operands).
+      'gated_delta_rule.state': stages * (tile(c, dk, it) + tile(c, dk, F) + tile(c, bv, F)) + tile(c, dk, F),
       # Loop: q, k [C, K], W [C, K] (fp32), dO [C, bv]; A^T and W^T transposed (the larger counts).
       'gated_delta_rule.dstate': (stages * (2 * tile(c, dk, it) + tile(c, dk, F) + tile(c, bv, it))
                                   + max(tile(c, c, it), tile(c, dk, it))),
-      'gated_delta_rule.output': 2 * tile(c, dk, it) + tile(c, dv, F) + tile(dk, dv, it),
+      'gated_delta_rule.output': 2 * tile(c, dk, it) + tile(c, dv, F) + tile(dk, dv, F),  # V_new and S: fp32 dots.
       # q, k, v, dO (input dtype), T [C, C] and V_new (fp32 dots), S (fp32: R S^T), dH (input dtype dots);
       # P^T [C, C] (fp32) transposed.
       'gated_delta_rule.grads': (2 * tile(c, dk, it) + 2 * tile(c, dv, it) + tile(c, c, F) + tile(c, dv, F)

@@ -245,12 +245,13 @@ class Gates:
     return jnp.exp(self.gamma_hi + self.gamma_lo)
 
 
-def output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, cfg):
+def output_kernel(q_ref, k_ref, v_ref, g_ref, s_ref, o_ref, *, cfg, carried=None):
   """O = scale [((Q K^T) o Gamma) V + (Q o exp(G)) S] for one chunk: both scans' output (the delta rule's with
-  V = V_new)."""
+  V = V_new). carried: the operand dtype of the products with V and S (None: the input dtype)."""
+  carried = carried or cfg.dtype
   q, k, v, gates, s = q_ref[...], k_ref[...], v_ref[...], Gates(g_ref[...]), s_ref[...]
   a = dot(q, k, cfg.dtype, tb=True) * gates.decay()
-  o = dot(a, v, cfg.dtype) + dot(q * gates.exp(), s, cfg.dtype)
+  o = dot(a, v, carried) + dot(q * gates.exp(), s, carried)
   o_ref[...] = (cfg.scale * o).astype(o_ref.dtype)
 
 

@@ -115,8 +115,8 @@ def intra_kernel_blocked(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, cfg
 
 def state_step(cfg, tiles, s):
   k, w, u, gates = tiles[0], tiles[1], tiles[2], pc.Gates(tiles[3])
-  v_new = u - pc.dot(w, s, cfg.dtype)
-  return gates.exp_gamma() * s + pc.dot(k * gates.tail(), v_new, cfg.dtype, ta=True), [v_new]
+  v_new = u - pc.dot(w, s, F32)
+  return gates.exp_gamma() * s + pc.dot(k * gates.tail(), v_new, F32, ta=True), [v_new]
 
 
 def dstate_step(cfg, tiles, dh):
@@ -178,7 +178,7 @@ def _forward(cfg, q, k, v, g, beta, s0):
       cfg, functools.partial(state_step, cfg),
       [(k, 'key', False), (w, 'value', False), (u, 'value', True), (gc, 'value', False)], s0, n,
       tok_outputs=[(cfg.block_v, F32)])
-  (o,) = pc.parallel(cfg, pc.output_kernel,
+  (o,) = pc.parallel(cfg, functools.partial(pc.output_kernel, carried=F32),
                      [(q, 'key'), (k, 'key'), (v_new, 'value'), (gc, 'value'), (states, 'state')],
                      [('value', v.shape, q.dtype)], n)
   return o, final, (q, k, v, gc, bc, inv, w, v_new, states, final)
