@@ -200,6 +200,10 @@ def test_grouped_dispatch_equals_dense_and_numpy(case):
     y = model(x)
     return jnp.sum(jnp.sin(y)), y
 
+  if case != 'swiglu_softmax_gated_shared':  # Values only: one case's gradients cover the shared dispatch code.
+    grouped, dense = (jax.jit(run, static_argnums=2)(params, x, impl)[1] for impl in ('ragged_dot', 'dense'))
+    assert rel(grouped.reshape(-1, cfg.d_model), want) < 1e-5 and rel(dense, grouped) < 1e-5
+    return
   grad = jax.jit(jax.grad(run, argnums=(0, 1), has_aux=True), static_argnums=2)
   g_grouped, grouped = grad(params, x, 'ragged_dot')
   g_dense, dense = grad(params, x, 'dense')
@@ -339,8 +343,10 @@ def train_config(**moe_overrides):
 
 
 def test_tiny_moe_hybrid_trains_and_reports_router_statistics():
-  cfg = train_config(router='sigmoid', bias_rate=0.01, aux_loss_coef=0.01)
-  model_def, params = state_lib.init_model(cfg.model, 0)
+  c = train_config(router='sigmoid', bias_rate=0.01, aux_loss_coef=0.01)
+  c.model.num_layers = 1  # One SWA block with an MoE MLP: the cheapest hybrid that trains.
+  cfg = validate(c)
+  model_def, params = state_lib.make_model_def(cfg.model), state_lib.init_params(cfg.model, 0)  # Eager: no compile.
   tx = optim.make_optimizer(cfg.train)
   state = state_lib.init_train_state(params, tx)
   train_step = step_lib.make_train_step(model_def, tx, cfg.train)
@@ -352,21 +358,21 @@ def test_tiny_moe_hybrid_trains_and_reports_router_statistics():
     state, m = train_step(state, batch)
     losses.append(float(m['loss']))
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-  for layer in (0, 1):
-    assert np.asarray(m[f'moe/layer{layer}/load']).shape == (4,)
-    assert float(m[f'moe/layer{layer}/load'].sum()) == pytest.approx(1.0)
-    for name in ('aux_loss', 'z_loss', 'load_cv', 'entropy', 'dropped'):
-      assert np.isfinite(float(m[f'moe/layer{layer}/{name}']))
-  assert float(m['moe_aux_loss']) == pytest.approx(float(m['moe/layer0/aux_loss'] + m['moe/layer1/aux_loss']))
+  assert np.asarray(m['moe/layer0/load']).shape == (4,)
+  assert float(m['moe/layer0/load'].sum()) == pytest.approx(1.0)
+  for name in ('aux_loss', 'z_loss', 'load_cv', 'entropy', 'dropped'):
+    assert np.isfinite(float(m[f'moe/layer0/{name}']))
+  assert float(m['moe_aux_loss']) == pytest.approx(float(m['moe/layer0/aux_loss']))
   moved = np.asarray(state['params']['tail'][0]['mlp']['router_bias']) - bias_before  # 6 steps of +-0.01 or 0.
   assert 0 < np.abs(moved).max() <= 0.06 + 1e-6
   np.testing.assert_allclose(moved * 100, np.round(moved * 100), atol=1e-4)
 
 
-def test_router_penalty_enters_the_loss():
-  cfg = train_config(aux_loss_coef=0.5, z_loss_coef=0.25)
-  model_def, params = state_lib.init_model(cfg.model, 0)
-  model = model_def.bind(params)
+def test_router_penalty_sums_every_moe_layer_with_its_coefficients():
+  c = train_config(aux_loss_coef=0.5, z_loss_coef=0.25, blocks='none')
+  c.model.update(dict(block_mlp=False, cycle=('moe',)))  # Two MoE layers and nothing else: a cheap forward.
+  cfg = validate(c)
+  model_def, params = state_lib.make_model_def(cfg.model), state_lib.init_params(cfg.model, 0)
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 257, (2, 16)), jnp.int32)
 
   @jax.jit
