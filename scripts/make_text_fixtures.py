@@ -1,11 +1,12 @@
 """Writes tests/data/trained_text/: small hybrids trained on the built-in corpus, for kernel agreement on real text.
 
-Random weights and Gaussian inputs never put the keys of a chunk on one direction; trained weights on text with
-repeated structure (indented code, a repeated line) do, and that is where a chunked kernel's intra-chunk inverse
-loses precision (docs/KERNELS.md, "Agreement on trained models"). This trains one hybrid each of GDN, Mamba-2 and
-Lightning (the arch's cycle: the recurrent layer, then full attention), reduced from the tiny scale to the sizes of
-`REDUCED` so that the three stay small in the repository, on 512-byte rows of the built-in corpus (this Python's
-standard library), and keeps each model's config and float32 parameters:
+Kernel tests draw Gaussian inputs, whose keys are nearly orthogonal; a trained GDN layer on text with repeated
+structure (indented code, a repeated line, a constant row) gives keys that share a direction inside a chunk, with
+beta and the decay as training set them, and that is where an intra-chunk inverse summing powers of L lost float32
+precision (docs/KERNELS.md, "Agreement on trained models"). This trains one hybrid each of GDN, Mamba-2 and
+Lightning (the arch's cycle: the recurrent layer, then full attention) at the sizes of `REDUCED` and `LAYERS`, small
+enough for the repository, on 512-byte rows of the built-in corpus (this Python's standard library), and keeps
+each model's config and float32 parameters:
 
   PYTHONPATH=$PWD .venv/bin/python scripts/make_text_fixtures.py tests/data/trained_text
 
@@ -13,7 +14,8 @@ Each model is a folder named by its arch: `config.json` (the run's config as tra
 `train.runs.load_config` reads it) and `params.npz` (one float32 array per parameter, named by its path in the
 params tree joined with '/'). `rows.json` holds the text rows the tests feed them, excerpted here once so that later
 edits of the excerpted files leave the rows as they were. The runs are seeded and the corpus is the installed
-standard library, so the same environment writes the same files. tests/test_trained_text_agreement.py reads them.
+standard library, so the same checkout and environment write the same files. tests/test_trained_text_agreement.py
+reads them.
 """
 
 import argparse
@@ -30,17 +32,21 @@ from hybrid_jax.config import load_config_file, resolve_spec
 from hybrid_jax.train import runs
 
 ARCHES = ('gdn', 'mamba2', 'lightning')
-# The tiny scale's mixer shapes and training, at half its width and one cycle of two layers (about 120K parameters,
-# 0.5 MB a model in float32).
-REDUCED = dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, d_ff=128)
+# The tiny scale's mixer shapes and training at half its width (about 120K parameters, 0.5 MB, for two layers).
+REDUCED = dict(d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, d_ff=128)
+# One cycle (recurrent, full attention); GDN adds a second delta-rule layer after the attention, as in the tiny
+# model: trained, that layer's chunks of indented code are where the product-series inverse fell apart (its terms
+# reached 1e11 there, 1e7 in the first layer), so the fixture covers the regime on code, not only on a constant row.
+LAYERS = {'gdn': 3, 'mamba2': 2, 'lightning': 2}
 TRAIN = dict(steps=300, batch_size=8, warmup_steps=30, eval_every=0, checkpoint_every=300, keep_checkpoints=1,
              async_checkpointing=False, progress=False)
 
 
 def config(arch: str):
-  """The fixture's run config: `hybrid:arch=ARCH,scale=tiny` (float32, 512-byte rows) with REDUCED and TRAIN."""
+  """The fixture's run config: `hybrid:arch=ARCH,scale=tiny` (float32, 512-byte rows) with REDUCED, LAYERS and
+  TRAIN."""
   c = load_config_file(resolve_spec(f'hybrid:arch={arch},scale=tiny'))
-  c.model.update(REDUCED)
+  c.model.update(REDUCED, num_layers=LAYERS[arch])
   c.train.update(TRAIN)
   return c
 
