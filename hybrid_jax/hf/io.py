@@ -235,7 +235,7 @@ def read_hf(path, model_overrides: dict | None = None, table: attention_weights.
   """
   from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
   hf_config = family_config.text_config(read_hf_config(path))
-  if hf_config.get('model_type') in family_config.FAMILIES:
+  if family_config.family(hf_config.get('model_type')):
     return _read_family(path, hf_config, model_overrides, table)
   plan = attention_config.plan_import(hf_config)
   table = table or attention_weights.TABLES[plan.model_type]
@@ -267,7 +267,7 @@ def _read_family(path, hf_config: dict, model_overrides, table):
   from hybrid_jax.train import runs  # pylint: disable=g-import-not-at-top
   if table is not None:
     raise HFError(f'--table applies to attention checkpoints; {hf_config["model_type"]} has its own tensor rules')
-  family = family_config.FAMILIES[hf_config['model_type']]
+  family = family_config.family(hf_config['model_type'])
   fields, tied = family.plan(hf_config)
   reader = TensorReader(path)  # Refusals of config.json come before this: no weight is read for them.
   config = _model_config(path, fields, model_overrides)

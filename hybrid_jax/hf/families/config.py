@@ -1,4 +1,5 @@
-"""The recurrent hybrids people release, as hybrid_jax models: Qwen3.5, OLMo Hybrid, Nemotron-H, Bamba, Granite-4.0-H.
+"""The recurrent hybrids people release, as hybrid_jax models: Qwen3.5, OLMo Hybrid, Nemotron-H, Bamba, Granite-4.0-H,
+and the mixture-of-experts ones: Qwen3.5-MoE, Qwen3-Next, Nemotron-H with 'E' layers, Granite-4.0-H with experts.
 
 Each family is a `Family`: how its `config.json` maps onto model fields (refusing, field by field, what the model
 cannot hold, before a weight is read) and its tensor rules (hybrid_jax.hf.families.rules): which checkpoint tensor
@@ -10,8 +11,9 @@ import dataclasses
 import math
 from typing import Callable
 
+from hybrid_jax.hf.families.experts import Stacking
 from hybrid_jax.hf.families.rules import (CONV, ZERO_CENTRED, Rule, attention_rules, block_norm_rules, mamba_rules,
-                                          swiglu_rules)
+                                          moe_rules, shared_expert_rules, swiglu_rules)
 from hybrid_jax.hf.fields import positive_int, positive_number, refuse, rope, shortest_cycle
 from hybrid_jax.hf.tensors import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE
 
@@ -116,12 +118,14 @@ class Family:
   top: dict
   prefixes: tuple = ('model.',)
   ignored: tuple = ()
+  zero_centred: bool = False  # Norms store w for a scale of 1 + w (Qwen3.5's), the final norm's included.
+  per_expert: tuple = ()  # Stackings: experts stored one tensor each, read as the stacked tensors (experts.py).
 
 
 _GDN_TYPES = {'linear_attention': 'gdn', 'full_attention': 'full'}
 
 
-def _qwen3_5_plan(hf):
+def _qwen3_5_plan(hf, d_ff=None):
   _no_bias(hf, 'attention_bias')
   _silu(hf, 'hidden_act')
   n = positive_int(hf, 'num_hidden_layers')
@@ -136,7 +140,7 @@ def _qwen3_5_plan(hf):
   value_heads = positive_int(hf, 'linear_num_value_heads', 32)
   if value_heads % key_heads:
     refuse('linear_num_value_heads', value_heads, f'a multiple of linear_num_key_heads={key_heads}')
-  fields = _common(hf, kinds, head_dim=head_dim)
+  fields = _common(hf, kinds, head_dim=head_dim, d_ff=d_ff)
   fields.update(rope_base=float(theta), rope_full=True,
                 attention=dict(qk_norm='head', output_gate=True, rope_dims=_rope_dims(head_dim, factor)),
                 gdn=dict(num_heads=key_heads, value_heads=0 if value_heads == key_heads else value_heads,
@@ -146,10 +150,26 @@ def _qwen3_5_plan(hf):
   return fields, bool(hf.get('tie_word_embeddings', False))
 
 
+def _qwen_mlp_rules(spec, p):
+  """A Qwen block's MLP: SwiGLU, or (an MoE block) the softmax router, stacked SwiGLU experts (fused gate_up_proj)
+  and the shared expert with its sigmoid gate."""
+  if not spec.moe:
+    return swiglu_rules(p + 'mlp.')
+  q = p + 'mlp.'
+  return [*moe_rules(('mlp',), q + 'gate.weight', q + 'experts.down_proj', gate_up=q + 'experts.gate_up_proj'),
+          *shared_expert_rules(('mlp',), q + 'shared_expert.', sigmoid_gate=q + 'shared_expert_gate.weight')]
+
+
+def _qwen_gdn_common_rules(a, m):
+  return [Rule(a + 'conv1d.weight', ((m('conv_q'), CONV), (m('conv_k'), CONV), (m('conv_v'), CONV))),
+          Rule(a + 'A_log', ((m('A_log'), SAME),)), Rule(a + 'dt_bias', ((m('dt_bias'), SAME),)),
+          Rule(a + 'norm.weight', ((m('norm'), SAME),)), Rule(a + 'out_proj.weight', ((m('wo'), HEADS_OUT),))]
+
+
 def _qwen3_5_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
   rules = [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm', ZERO_CENTRED),
-           *swiglu_rules(p + 'mlp.')]
+           *_qwen_mlp_rules(spec, p)]
   if spec.kind == 'full':
     return rules + attention_rules(p + 'self_attn.', dict(qk_norm='head', zero_centred=True), gate_interleaved=True)
   a = p + 'linear_attn.'
@@ -157,10 +177,82 @@ def _qwen3_5_rules(model_cfg, spec, i):
   return rules + [
       Rule(a + 'in_proj_qkv.weight', ((m('wq'), HEADS_IN), (m('wk'), HEADS_IN), (m('wv'), HEADS_IN))),
       Rule(a + 'in_proj_z.weight', ((m('wg'), HEADS_IN),)), Rule(a + 'in_proj_b.weight', ((m('w_beta'), TRANSPOSE),)),
-      Rule(a + 'in_proj_a.weight', ((m('w_a'), TRANSPOSE),)),
-      Rule(a + 'conv1d.weight', ((m('conv_q'), CONV), (m('conv_k'), CONV), (m('conv_v'), CONV))),
-      Rule(a + 'A_log', ((m('A_log'), SAME),)), Rule(a + 'dt_bias', ((m('dt_bias'), SAME),)),
-      Rule(a + 'norm.weight', ((m('norm'), SAME),)), Rule(a + 'out_proj.weight', ((m('wo'), HEADS_OUT),))]
+      Rule(a + 'in_proj_a.weight', ((m('w_a'), TRANSPOSE),)), *_qwen_gdn_common_rules(a, m)]
+
+
+def _qwen3_next_rules(model_cfg, spec, i):
+  """Qwen3.5's block, but its GDN projections fused per key head: in_proj_qkvz is, per key head g, [q_g | k_g | v
+  of g's value heads | z of them], and in_proj_ba [b of g's value heads | a of them]."""
+  if spec.kind == 'full':
+    return _qwen3_5_rules(model_cfg, spec, i)
+  p = f'model.layers.{i}.'
+  a = p + 'linear_attn.'
+  m = lambda name: ('mixer', name)
+  groups = int(model_cfg.gdn.num_heads)
+  return [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm', ZERO_CENTRED),
+          *_qwen_mlp_rules(spec, p),
+          Rule(a + 'in_proj_qkvz.weight', ((m('wq'), HEADS_IN), (m('wk'), HEADS_IN), (m('wv'), HEADS_IN),
+                                           (m('wg'), HEADS_IN)), interleave=4, groups=groups),
+          Rule(a + 'in_proj_ba.weight', ((m('w_beta'), TRANSPOSE), (m('w_a'), TRANSPOSE)), interleave=2,
+               groups=groups),
+          *_qwen_gdn_common_rules(a, m)]
+
+
+def _moe_layout(kinds: list[str], moe_layers: list[bool]) -> tuple[dict, dict]:
+  """model.cycle and model.moe's blocks / cycle_positions for per-layer kinds and which blocks' MLPs are MoE: the
+  shortest unit repeating both."""
+  unit = shortest_cycle(list(zip(kinds, moe_layers)))
+  if all(moe_layers):
+    blocks = dict(blocks='all')
+  elif not any(moe_layers):
+    blocks = dict(blocks='none')
+  else:
+    blocks = dict(blocks='cycle', cycle_positions=tuple(j for j, (_, is_moe) in enumerate(unit) if is_moe))
+  return dict(cycle=tuple(kind for kind, _ in unit)), blocks
+
+
+def _experts(hf: dict, count_field: str, width_field: str) -> dict:
+  """model.moe's expert count, top-k and expert width."""
+  experts = positive_int(hf, count_field)
+  top_k = positive_int(hf, 'num_experts_per_tok')
+  if top_k > experts:
+    refuse('num_experts_per_tok', top_k, f'at most {count_field}={experts}')
+  return dict(num_experts=experts, top_k=top_k, expert_d_ff=positive_int(hf, width_field))
+
+
+def _qwen_moe(hf: dict, renormalise: bool) -> dict:
+  """model.moe of the Qwen MoE blocks: softmax over all experts, the top k (renormalised or not), SwiGLU experts,
+  one shared SwiGLU expert scaled by sigmoid(x . w)."""
+  return dict(**_experts(hf, 'num_experts', 'moe_intermediate_size'), router='softmax_topk',
+              norm_topk_prob=renormalise, activation='swiglu', shared_experts=1,
+              shared_d_ff=positive_int(hf, 'shared_expert_intermediate_size'), shared_expert_gate=True)
+
+
+def _qwen3_5_moe_plan(hf):
+  """Qwen3.5-MoE: dense Qwen3.5 with every block's MLP an MoE (always renormalised: the class has no
+  norm_topk_prob)."""
+  fields, tied = _qwen3_5_plan(hf, d_ff=positive_int(hf, 'moe_intermediate_size'))
+  fields['moe'] = dict(blocks='all', **_qwen_moe(hf, True))
+  return fields, tied
+
+
+def _qwen3_next_plan(hf):
+  """Qwen3-Next: Qwen3.5's layers; block i's MLP is an MoE unless i is in mlp_only_layers, there are no experts or
+  (i + 1) is not a multiple of decoder_sparse_step, else a SwiGLU of width intermediate_size."""
+  fields, tied = _qwen3_5_plan(hf)
+  n = fields['num_layers']
+  only = hf.get('mlp_only_layers') or []
+  if not isinstance(only, (list, tuple)) or any(isinstance(j, bool) or not isinstance(j, int) for j in only):
+    refuse('mlp_only_layers', only, 'a list of layer indices')
+  step = positive_int(hf, 'decoder_sparse_step', 1)
+  experts = hf.get('num_experts', 0)
+  moe_layers = [bool(experts) and i not in only and (i + 1) % step == 0 for i in range(n)]
+  unit = fields['cycle']
+  cycle, blocks = _moe_layout([unit[i % len(unit)] for i in range(n)], moe_layers)
+  fields.update(cycle)
+  if any(moe_layers):
+    fields['moe'] = dict(**blocks, **_qwen_moe(hf, bool(hf.get('norm_topk_prob', True))))
+  return fields, tied
 
 
 def _olmo_hybrid_plan(hf):
@@ -318,7 +410,7 @@ _TOP = {'embed': 'model.embed_tokens.weight', 'final_norm': 'model.norm.weight',
 FAMILIES = {f.model_type: f for f in (
     # Hub checkpoints are Qwen3.5's vision-language model: its text model under model.language_model.
     Family('qwen3_5_text', 'Qwen3_5ForCausalLM', _qwen3_5_plan, _qwen3_5_rules, _TOP,
-           prefixes=('model.language_model.', 'model.'), ignored=('model.visual.', 'mtp.')),
+           prefixes=('model.language_model.', 'model.'), ignored=('model.visual.', 'mtp.'), zero_centred=True),
     Family('olmo_hybrid', 'OlmoHybridForCausalLM', _olmo_hybrid_plan, _olmo_hybrid_rules, _TOP),
     Family('nemotron_h', 'NemotronHForCausalLM', _nemotron_h_plan, _nemotron_h_rules,
            {'embed': 'model.embeddings.weight', 'final_norm': 'model.norm_f.weight', 'lm_head': 'lm_head.weight'},
@@ -327,18 +419,38 @@ FAMILIES = {f.model_type: f for f in (
            {**_TOP, 'final_norm': 'model.final_layernorm.weight'}),
     Family('granitemoehybrid', 'GraniteMoeHybridForCausalLM', _granite_hybrid_plan, _granite_hybrid_rules, _TOP),
 )}
+# Experts stored one tensor each (per expert: gate, up, down Linear weights), read stacked as the fused layout.
+_QWEN_EXPERTS = (Stacking('gate_up_proj', ('gate_proj.weight', 'up_proj.weight')),
+                 Stacking('down_proj', ('down_proj.weight',)))
+# The MoE families read but not written (hf export does not write MoE MLPs yet).
+MOE_FAMILIES = {f.model_type: f for f in (
+    Family('qwen3_5_moe_text', 'Qwen3_5MoeForCausalLM', _qwen3_5_moe_plan, _qwen3_5_rules, _TOP,
+           prefixes=('model.language_model.', 'model.'), ignored=('model.visual.', 'mtp.'), zero_centred=True,
+           per_expert=_QWEN_EXPERTS),
+    Family('qwen3_next', 'Qwen3NextForCausalLM', _qwen3_next_plan, _qwen3_next_rules, _TOP, ignored=('mtp.',),
+           zero_centred=True, per_expert=_QWEN_EXPERTS),
+)}
+# Vision-language wrappers: model_type -> its text model's (config.json's text_config; tensors under
+# model.language_model.).
+_TEXT_MODELS = {'qwen3_5': 'qwen3_5_text', 'qwen3_5_moe': 'qwen3_5_moe_text'}
+
+
+def family(model_type) -> Family | None:
+  """The family that imports `model_type` (dense or MoE), or None."""
+  return FAMILIES.get(model_type) or MOE_FAMILIES.get(model_type)
 
 
 def text_config(hf: dict) -> dict:
-  """The text model's config of a vision-language checkpoint (Qwen3.5's `qwen3_5`: `text_config`), else `hf`."""
+  """The text model's config of a vision-language checkpoint (Qwen3.5's `qwen3_5`, Qwen3.5-MoE's `qwen3_5_moe`:
+  `text_config`), else `hf`."""
   text = hf.get('text_config')
-  if hf.get('model_type') == 'qwen3_5' and isinstance(text, dict):
-    return {'tie_word_embeddings': hf.get('tie_word_embeddings', False), **text, 'model_type': 'qwen3_5_text'}
+  if hf.get('model_type') in _TEXT_MODELS and isinstance(text, dict):
+    return {'tie_word_embeddings': hf.get('tie_word_embeddings', False), **text,
+            'model_type': _TEXT_MODELS[hf['model_type']]}
   return hf
 
 
 def top_rules(family: Family) -> list[Rule]:
   return [Rule(family.top['embed'], ((('embed',), SAME),)),
-          Rule(family.top['final_norm'], ((('final_norm', 'scale'), ZERO_CENTRED if family.model_type == 'qwen3_5_text'
-                                           else SAME),)),
+          Rule(family.top['final_norm'], ((('final_norm', 'scale'), ZERO_CENTRED if family.zero_centred else SAME),)),
           Rule(family.top['lm_head'], ((('lm_head',), TRANSPOSE),))]

@@ -19,13 +19,19 @@ CONV = Transform(lambda x: x.reshape(x.shape[0], -1).T[:, None, :], lambda y, sh
 ZERO_CENTRED = Transform(lambda x: x - 1, lambda y, shape: y + 1, lambda s: tuple(s))
 # A flat vector over every head's channels <-> ours [heads, dim].
 FLAT = Transform(lambda x: x.reshape(-1), lambda y, shape: y.reshape(shape), lambda s: (math.prod(s),))
+# Stacked expert matrices: a Linear weight per expert [E, out, in] <-> ours [E, in, out].
+EXPERTS = Transform(lambda x: np.swapaxes(x, 1, 2), lambda y, shape: np.swapaxes(y, 1, 2), lambda s: (s[0], s[2], s[1]))
+# A one-output Linear weight [1, in] (Qwen's shared-expert gate) <-> ours [in].
+ROW = Transform(lambda x: x[None], lambda y, shape: y.reshape(shape), lambda s: (1, *s))
 
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
   """One checkpoint tensor: `name`, and the parameters (block-relative or top-level paths, each with its layout
-  change) it holds, in order along axis 0 (`interleave` > 0: split per head into that many parts, Qwen3.5's q_proj
-  [heads x (query | gate)]).
+  change) it holds, in order along `axis` (0 unless said: stacked experts' fused gate | up rows are axis 1).
+  `interleave` > 0: the tensor is `groups` blocks (default: the first part's heads), each holding that many parts
+  in order, each part its share of its own rows (Qwen3.5's q_proj [heads x (query | gate)]; Qwen3-Next's
+  in_proj_qkvz [key heads x (q | k | v | z)], whose parts differ in width).
 
   `stored`: the tensor is one fused tensor of the model (`name` is then the module's, not on disk) that the
   checkpoint holds cut into these tensors along axis 0, one per part in a released checkpoint. Import reads them
@@ -35,6 +41,8 @@ class Rule:
   parts: tuple  # ((path, Transform), ...)
   interleave: int = 0
   stored: tuple = ()  # (checkpoint tensor name, ...): one per part
+  axis: int = 0
+  groups: int = 0  # With `interleave`: blocks along axis 0 (0 = the first part's heads, shapes[0][1]).
 
   def __post_init__(self):
     if self.stored and (len(self.stored) != len(self.parts) or self.interleave):
@@ -44,26 +52,31 @@ class Rule:
     hf = [transform.hf_shape(shape) for (_, transform), shape in zip(self.parts, shapes)]
     if len(hf) == 1:
       return hf[0]
-    return (sum(s[0] for s in hf), *hf[0][1:])
+    a = self.axis
+    return (*hf[0][:a], sum(s[a] for s in hf), *hf[0][a + 1:])
+
+  def _groups(self, shapes) -> int:
+    return self.groups or shapes[0][1]  # [embed, heads, head_dim] parts.
 
   def split(self, y, shapes) -> list:
     if len(self.parts) == 1:
       return [y]
     hf = [transform.hf_shape(shape) for (_, transform), shape in zip(self.parts, shapes)]
     if self.interleave:
-      heads = shapes[0][1]  # [embed, heads, head_dim] parts.
-      per_head = y.reshape(heads, -1, y.shape[-1])
-      return [p.reshape(-1, y.shape[-1]) for p in np.split(per_head, self.interleave, axis=1)]
-    return np.split(y, np.cumsum([s[0] for s in hf])[:-1], axis=0)
+      groups = self._groups(shapes)
+      per_group = y.reshape(groups, -1, y.shape[-1])
+      cuts = np.cumsum([s[0] // groups for s in hf])[:-1]
+      return [p.reshape(-1, y.shape[-1]) for p in np.split(per_group, cuts, axis=1)]
+    return np.split(y, np.cumsum([s[self.axis] for s in hf])[:-1], axis=self.axis)
 
   def join(self, pieces, shapes):
     if len(pieces) == 1:
       return pieces[0]
     if self.interleave:
-      heads = shapes[0][1]
-      return np.concatenate([p.reshape(heads, -1, p.shape[-1]) for p in pieces], axis=1).reshape(-1,
-                                                                                               pieces[0].shape[-1])
-    return np.concatenate(pieces, axis=0)
+      groups = self._groups(shapes)
+      return np.concatenate([p.reshape(groups, -1, p.shape[-1]) for p in pieces], axis=1).reshape(
+          -1, pieces[0].shape[-1])
+    return np.concatenate(pieces, axis=self.axis)
 
 
 def block_norm_rules(p: str, mixer_norm: str, mlp_norm: str, transform=SAME) -> list[Rule]:
@@ -104,3 +117,37 @@ def swiglu_rules(p: str, gate='gate_proj', up='up_proj', down='down_proj', path=
   return [Rule(p + gate + '.weight', (((path, 'gate'), TRANSPOSE),)),
           Rule(p + up + '.weight', (((path, 'up'), TRANSPOSE),)),
           Rule(p + down + '.weight', (((path, 'down'), TRANSPOSE),))]
+
+
+def moe_rules(path: tuple, router: str, down: str, *, gate_up: str | None = None, up: str | None = None,
+              router_bias: str | None = None) -> list[Rule]:
+  """An MoE's router (`router` [E, H], a Linear weight) and stacked experts (`path` + ('router', 'gate', ...)):
+  gated experts' fused `gate_up` [E, 2I, H] (each expert's gate rows, then its up rows), or ungated ones' `up`
+  [E, I, H]; `down` [E, H, I]; `router_bias` [E], the sigmoid router's selection bias. Checkpoints that store one
+  tensor per expert are read through hybrid_jax.hf.families.experts, which stacks them into these names."""
+  m = lambda name: (*path, name)
+  rules = [Rule(router, ((m('router'), TRANSPOSE),)), Rule(down, ((m('down'), EXPERTS),))]
+  if gate_up:
+    rules.append(Rule(gate_up, ((m('gate'), EXPERTS), (m('up'), EXPERTS)), axis=1))
+  else:
+    rules.append(Rule(up, ((m('up'), EXPERTS),)))
+  if router_bias:
+    rules.append(Rule(router_bias, ((m('router_bias'), SAME),)))
+  return rules
+
+
+def shared_expert_rules(path: tuple, p: str, *, gate='gate_proj.weight', up='up_proj.weight',
+                        down='down_proj.weight', gate_up=None, sigmoid_gate=None) -> list[Rule]:
+  """An MoE's shared expert under `p`: SwiGLU (`gate`, `up`, or one fused `gate_up` [gate; up]) or, with `gate`
+  None, ungated (squared ReLU); `down`; `sigmoid_gate`, Qwen's [1, H] gate on its output."""
+  m = lambda name: (*path, name)
+  if gate_up:
+    rules = [Rule(p + gate_up, ((m('shared_gate_proj'), TRANSPOSE), (m('shared_up'), TRANSPOSE)))]
+  else:
+    rules = [Rule(p + up, ((m('shared_up'), TRANSPOSE),))]
+    if gate:
+      rules.append(Rule(p + gate, ((m('shared_gate_proj'), TRANSPOSE),)))
+  rules.append(Rule(p + down, ((m('shared_down'), TRANSPOSE),)))
+  if sigmoid_gate:
+    rules.append(Rule(sigmoid_gate, ((m('shared_gate'), ROW),)))
+  return rules

@@ -9,6 +9,7 @@ silently). Export runs the same rules backwards and joins fused tensors again.
 import numpy as np
 
 from hybrid_jax.hf import HFError
+from hybrid_jax.hf.families import experts
 from hybrid_jax.hf.families.config import top_rules
 from hybrid_jax.hf.tensors import (Assembly, as_float, check_tied_head, get_path, layer_slots, read_checked,
                                    refuse_unused)
@@ -80,6 +81,8 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
   `ignored_names`)."""
   skipped = set(ignored_names(family, names))
   names = canonical_names(family, [n for n in names if n not in skipped])
+  # Experts stored one tensor each are read stacked, as the rules name them (hybrid_jax.hf.families.experts).
+  names, read = experts.stack_per_expert(family.per_expert, names, read)
   stored = set(names.values())
   used = set()
   params = Assembly(abstract)
