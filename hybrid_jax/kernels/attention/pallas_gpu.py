@@ -201,7 +201,7 @@ def _split(refs, cfg):
 
 
 def _fwd_kernel(q_ref, k_ref, v_ref, *refs, cfg):
-  first, (o_ref, lse_ref) = _split(refs, cfg)
+  first, (o_ref, m_ref, log_l_ref) = _split(refs, cfg)
   bq, bk = cfg.blocks.fwd_q, cfg.blocks.fwd_k
   a = pl.program_id(2) * bq
   q = q_ref[...]
@@ -225,15 +225,18 @@ def _fwd_kernel(q_ref, k_ref, v_ref, *refs, cfg):
   acc, m, l = _loop(_kv_ranges(a, bq, bk, k_ref.shape[0] // bk, cfg, first), step, init)
   # Every row sees its own key, so l >= 1 once the diagonal block is in.
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
-  lse_ref[...] = m + jnp.log2(l)
+  # The log-sum-exp kept as its two parts: m + log2(l) rounded to float32 carries an error of ulp(m) (4e-6 at a
+  # logit of 50) into every recomputed probability of a peaked row; s - m is exact there, log2(l) is small.
+  m_ref[...] = m
+  log_l_ref[...] = jnp.log2(l)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, log_l_ref, delta_ref, *refs, cfg):
   first, (dq_ref,) = _split(refs, cfg)
   bq, bk = cfg.blocks.dq_q, cfg.blocks.dq_k
   a = pl.program_id(2) * bq
   q, do = q_ref[...], do_ref[...]
-  lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
+  m, log_l, delta = m_ref[...][:, None], log_l_ref[...][:, None], delta_ref[...][:, None]
   rows = a + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
   same_doc = None if first is None else lambda rows, cols: cols >= first[:, None]
 
@@ -242,7 +245,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
       start = pl.multiple_of(j * bk, bk)
       k = k_ref[pl.ds(start, bk), :]
       v = v_ref[pl.ds(start, bk), :]
-      p = jnp.exp2(_logits(q, k, rows, start, masked, cfg, same_doc) - lse)
+      p = jnp.exp2(_logits(q, k, rows, start, masked, cfg, same_doc) - m - log_l)
       ds = p * (_dot(do, v, tb=True) - delta)
       return dq + _dot(ds.astype(k.dtype), k)
     return body
@@ -251,7 +254,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, log_l_ref, delta_ref, *refs, cfg):
   last, (dk_ref, dv_ref) = _split(refs, cfg)
   bq, bk = cfg.blocks.bwd_q, cfg.blocks.bwd_k
   c = pl.program_id(2) * bk
@@ -264,10 +267,11 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
       start = pl.multiple_of(i * bq, bq)
       q = q_ref[pl.ds(start, bq), :]
       do = do_ref[pl.ds(start, bq), :]
-      lse = lse_ref[pl.ds(start, bq)][:, None]
+      m = m_ref[pl.ds(start, bq)][:, None]
+      log_l = log_l_ref[pl.ds(start, bq)][:, None]
       delta = delta_ref[pl.ds(start, bq)][:, None]
       rows = start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-      p = jnp.exp2(_logits(q, k, rows, c, masked, cfg, same_doc) - lse)
+      p = jnp.exp2(_logits(q, k, rows, c, masked, cfg, same_doc) - m - log_l)
       dv = dv + _dot(p.astype(do.dtype), do, ta=True)
       ds = p * (_dot(do, v, tb=True) - delta)
       return dk + _dot(ds.astype(q.dtype), q, ta=True), dv
@@ -312,8 +316,8 @@ def _forward(cfg, q, k, v, docs):
   tile, _, _, kv_whole, row_tile, _ = _specs(q.shape, cfg)
   doc_specs, doc_args = _doc_tile(docs, 0, bq)
   return _call(_fwd_kernel, cfg, (b, hq, tp // bq), [tile(bq), kv_whole, kv_whole] + doc_specs,
-               [tile(bq), row_tile(bq)],
-               [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, hq, tp), jnp.float32)],
+               [tile(bq), row_tile(bq), row_tile(bq)],
+               [jax.ShapeDtypeStruct(q.shape, q.dtype)] + [jax.ShapeDtypeStruct((b, hq, tp), jnp.float32)] * 2,
                cfg.blocks.fwd_warps, cfg.blocks.fwd_stages)(q, k, v, *doc_args)
 
 
@@ -323,12 +327,12 @@ def _flash(cfg, q, k, v, docs):
 
 
 def _flash_fwd(cfg, q, k, v, docs):
-  o, lse = _forward(cfg, q, k, v, docs)
-  return o, (q, k, v, docs, o, lse)
+  o, m, log_l = _forward(cfg, q, k, v, docs)
+  return o, (q, k, v, docs, o, m, log_l)
 
 
 def _flash_bwd(cfg, res, do):
-  q, k, v, docs, o, lse = res
+  q, k, v, docs, o, m, log_l = res
   b, tp, hq, d = q.shape
   bk, dq_q = cfg.blocks.bwd_k, cfg.blocks.dq_q
   # Preprocessing: delta_i = rowsum(dO o O), once, shared by both kernels (memory-bound; XLA fuses it).
@@ -336,16 +340,17 @@ def _flash_bwd(cfg, res, do):
   tile, whole, kv_tile, kv_whole, row_tile, row_whole = _specs(q.shape, cfg)
   warps, stages = cfg.blocks.bwd_warps, cfg.blocks.bwd_stages
   doc_specs, doc_args = _doc_tile(docs, 0, dq_q)
-  dq = _call(_dq_kernel, cfg, (b, hq, tp // dq_q), [tile(dq_q), kv_whole, kv_whole, tile(dq_q), row_tile(dq_q),
-                                                      row_tile(dq_q)] + doc_specs,
-             tile(dq_q), jax.ShapeDtypeStruct(q.shape, q.dtype), warps, stages)(q, k, v, do, lse, delta, *doc_args)
+  dq = _call(_dq_kernel, cfg, (b, hq, tp // dq_q), [tile(dq_q), kv_whole, kv_whole, tile(dq_q)]
+             + [row_tile(dq_q)] * 3 + doc_specs,
+             tile(dq_q), jax.ShapeDtypeStruct(q.shape, q.dtype), warps, stages)(q, k, v, do, m, log_l, delta,
+                                                                                *doc_args)
   doc_specs, doc_args = _doc_tile(docs, 1, bk)
   # One dK/dV per query head; with GQA they are summed over the group in fp32.
   part = jnp.float32 if cfg.group > 1 else k.dtype
-  dk, dv = _call(_dkv_kernel, cfg, (b, hq, tp // bk), [whole, kv_tile(bk), kv_tile(bk), whole, row_whole,
-                                                      row_whole] + doc_specs,
+  dk, dv = _call(_dkv_kernel, cfg, (b, hq, tp // bk), [whole, kv_tile(bk), kv_tile(bk), whole]
+                 + [row_whole] * 3 + doc_specs,
                  [tile(bk), tile(bk)], [jax.ShapeDtypeStruct(q.shape, part)] * 2, warps, stages)(
-                     q, k, v, do, lse, delta, *doc_args)
+                     q, k, v, do, m, log_l, delta, *doc_args)
   if cfg.group > 1:
     fold = lambda x: x.reshape(b, tp, k.shape[2], cfg.group, d).sum(3).astype(k.dtype)
     dk, dv = fold(dk), fold(dv)
