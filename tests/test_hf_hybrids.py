@@ -92,16 +92,17 @@ def _no_weights_copy(tmp_path, name, change):
     ('hf_qwen3_5', dict(layer_types=['linear_attention'] * 3), r'one entry per layer \(num_hidden_layers=4\)'),
     ('hf_olmo_hybrid', dict(layer_types=['linear_attention', 'sliding_attention', 'full_attention',
                                          'linear_attention']), r"layer_types=.*'linear_attention', 'full_attention'"),
-    ('hf_nemotron_h', dict(layers_block_type=['linear_attention', 'moe', 'full_attention']),
-     r"layers_block_type=.*'moe' is not: mixtures of experts are not supported"),
-    ('hf_nemotron_h', dict(layers_block_type='DROP', hybrid_override_pattern='M-E*'), r"'moe' is not: mixtures"),
+    ('hf_nemotron_h', dict(layers_block_type=['linear_attention', 'moe', 'full_attention'], moe_latent_size=8),
+     r'moe_latent_size=8 .*LatentMoE'),
+    ('hf_nemotron_h', dict(layers_block_type='DROP', hybrid_override_pattern='M-X*'),
+     r"hybrid_override_pattern='M-X\*' .*M, \*, -, E"),
     ('hf_nemotron_h', dict(use_bias=True), r'use_bias=True'),
     ('hf_nemotron_h', dict(mlp_hidden_act='gelu'), r"mlp_hidden_act='gelu' .*squared ReLU"),
     ('hf_bamba', dict(attn_layer_indices=[7]), r'attn_layer_indices=\[7\] .*layer indices in 0..3'),
     ('hf_bamba', dict(mamba_proj_bias=True), r'mamba_proj_bias=True'),
     ('hf_bamba', dict(time_step_limit=[0.0, 0.5]), r'time_step_limit=\[0.0, 0.5\] .*no ceiling'),
     ('hf_bamba', dict(mamba_d_head=3), r'mamba_d_head=3 .*inner width 32'),
-    ('hf_granite_hybrid', dict(num_local_experts=8), r'num_local_experts=8 .*only the dense Granite-4.0-H'),
+    ('hf_granite_hybrid', dict(num_local_experts=-1), r'num_local_experts=-1 .*a number of experts >= 0'),
     ('hf_granite_hybrid', dict(attention_multiplier=0), r'attention_multiplier=0 .*finite number > 0'),
 ])
 def test_import_refuses_what_the_model_cannot_hold(tmp_path, name, change, match):
@@ -313,11 +314,12 @@ def test_a_vision_language_qwen3_5_checkpoint_imports_its_text_model(tmp_path, c
     io.read_hf(source)
 
 
-def test_a_mixture_of_experts_is_one_line_at_the_command_line(tmp_path, capsys):
-  source = _no_weights_copy(tmp_path, 'hf_granite_hybrid', dict(num_local_experts=4, num_experts_per_tok=2))
+def test_a_latent_mixture_of_experts_is_one_line_at_the_command_line(tmp_path, capsys):
+  source = _no_weights_copy(tmp_path, 'hf_nemotron_h', dict(layers_block_type=['linear_attention', 'moe'],
+                                                             moe_latent_size=8))
   assert parsing.run(hf_cli.main, ['import', str(source), '--workdir', str(tmp_path / 'run')]) == 2
   err = capsys.readouterr().err.strip()
-  assert err.count('\n') == 0 and err.startswith('error: ') and 'num_local_experts=4' in err
+  assert err.count('\n') == 0 and err.startswith('error: ') and 'moe_latent_size=8' in err
   assert not (tmp_path / 'run').exists()
 
 

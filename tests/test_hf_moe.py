@@ -33,7 +33,7 @@ REL_TOL = 1e-5  # As the dense fixtures: max |difference| / max |logit|, float32
 # decode, and those two transformers outputs differ from each other by 8.0e-6. The cached decode here is within
 # REL_TOL of transformers' (test_cached_decode_matches_transformers).
 PREFILL_TOL = {'hf_qwen3_5_moe': 1.5e-5}
-READ = ('hf_qwen3_5_moe', 'hf_qwen3_next')
+READ = ('hf_qwen3_5_moe', 'hf_qwen3_next', 'hf_granite_moe_hybrid', 'hf_nemotron_h_moe')
 
 
 def _rel_err(ours, ref):
@@ -116,6 +116,16 @@ def test_imported_moe_options():
   # Layers gdn, full, gdn, gdn with layer 2 dense: the unit (gdn, full, gdn) with MoE at positions 0 and 1.
   assert tuple(nxt.model.cycle) == ('gdn', 'full', 'gdn') and (m.blocks, tuple(m.cycle_positions)) == ('cycle', (0, 1))
   assert (m.num_experts, m.top_k, m.norm_topk_prob, m.shared_d_ff, nxt.model.d_ff) == (6, 2, False, 16, 24)
+  granite, _, _ = _read(DATA / 'hf_granite_moe_hybrid')
+  m = granite.model.moe
+  assert (m.blocks, m.num_experts, m.top_k, m.router, m.expert_d_ff, m.shared_d_ff, m.shared_expert_gate) == (
+      'all', 8, 2, 'topk_softmax', 12, 24, False)
+  nemo, _, _ = _read(DATA / 'hf_nemotron_h_moe')
+  m = nemo.model.moe
+  assert tuple(nemo.model.cycle) == ('mamba2', 'moe', 'mamba2', 'full', 'moe') and not nemo.model.block_mlp
+  assert (m.blocks, m.num_experts, m.top_k, m.router, m.norm_topk_prob, m.n_group, m.topk_group,
+          m.routed_scaling_factor, m.activation, m.expert_d_ff, m.shared_experts, m.shared_d_ff) == (
+              'none', 8, 3, 'sigmoid', True, 2, 1, 2.5, 'relu2', 12, 1, 20)
 
 
 def _per_expert(tensors, fused, parts):
@@ -133,7 +143,8 @@ def _per_expert(tensors, fused, parts):
 
 
 def _fused(tensors):
-  """A checkpoint's per-expert Qwen experts stacked into the fused layout (gate rows, then up)."""
+  """A checkpoint's per-expert experts stacked into the fused layout (gate rows, then up; Nemotron-H's ungated
+  up_proj alone)."""
   out, groups = {}, {}
   for name, value in tensors.items():
     match = re.match(r'^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$', name)
@@ -143,7 +154,10 @@ def _fused(tensors):
       out[name] = value
   for group, parts in groups.items():
     stack = lambda part: np.stack([parts[part][e] for e in sorted(parts[part])])
-    out[f'{group}.gate_up_proj'] = np.concatenate([stack('gate_proj'), stack('up_proj')], axis=1)
+    if 'gate_proj' in parts:
+      out[f'{group}.gate_up_proj'] = np.concatenate([stack('gate_proj'), stack('up_proj')], axis=1)
+    else:
+      out[f'{group}.up_proj'] = stack('up_proj')
     out[f'{group}.down_proj'] = stack('down_proj')
   return out
 
@@ -159,6 +173,7 @@ def _copy(tmp_path, name, tensors):
     ('hf_qwen3_5_moe', lambda t: _per_expert(_per_expert(t, 'gate_up_proj', ('gate_proj', 'up_proj')),
                                              'down_proj', ('down_proj',))),
     ('hf_qwen3_next', _fused),
+    ('hf_nemotron_h_moe', _fused),
 ])
 def test_both_expert_layouts_read_to_the_same_parameters(tmp_path, name, rewrite):
   """Experts stored fused ([E, 2I, H]: gate rows, then up) or one tensor per expert import alike."""

@@ -23,6 +23,11 @@ HF_CLASSES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'smo
 IMPORT_TYPES = (*HF_CLASSES, 'minicpm')
 # The recurrent hybrids, read by hybrid_jax.hf.families' rules.
 FAMILY_TYPES = ('qwen3_5_text', 'olmo_hybrid', 'nemotron_h', 'bamba', 'granitemoehybrid')
+# Import only: the mixture-of-experts hybrids (Nemotron-H and Granite-4.0-H with experts are the types above).
+MOE_FAMILY_TYPES = ('qwen3_5_moe_text', 'qwen3_next')
+# Released hybrids whose layers this project cannot compute, and what they lack.
+UNREPRESENTABLE = {'kimi_linear': "Kimi Linear's KDA (Kimi delta attention) mixer and MLA (multi-head latent "
+                                  'attention) layers have no hybrid_jax layer'}
 EXPORTABLE_KINDS = ('full', 'swa')
 _FULL, _SLIDING = 'full_attention', 'sliding_attention'
 # transformers' defaults for keys a config.json may omit (they change the function, so they are never guessed).
@@ -222,8 +227,11 @@ def _rope_flag(plan: list[Layer], is_kind, name: str) -> bool:
 def plan_import(hf: dict) -> ImportPlan:
   """Checks a transformers config.json against what hybrid_jax represents; returns the model fields."""
   model_type = hf.get('model_type')
+  if model_type in UNREPRESENTABLE:
+    refuse('model_type', model_type, UNREPRESENTABLE[model_type])
   if model_type not in IMPORT_TYPES:
-    refuse('model_type', model_type, f'supported model types: {", ".join(IMPORT_TYPES + FAMILY_TYPES)}')
+    refuse('model_type', model_type,
+           f'supported model types: {", ".join(IMPORT_TYPES + FAMILY_TYPES + MOE_FAMILY_TYPES)}')
   hf = {**_DEFAULTS[model_type], **hf}
   for field in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads'):
     positive_int(hf, field)

@@ -308,7 +308,27 @@ def _olmo_hybrid_rules(model_cfg, spec, i):
 
 
 _NEMOTRON_PATTERN = {'M': 'linear_attention', '*': 'full_attention', '-': 'mlp', 'E': 'moe'}
-_NEMOTRON_TYPES = {'linear_attention': 'mamba2', 'full_attention': 'full', 'mlp': 'mlp'}
+_NEMOTRON_TYPES = {'linear_attention': 'mamba2', 'full_attention': 'full', 'mlp': 'mlp', 'moe': 'moe'}
+_NEMOTRON_EXPERTS = (Stacking('up_proj', ('up_proj.weight',)), Stacking('down_proj', ('down_proj.weight',)))
+
+
+def _nemotron_h_moe(hf: dict) -> dict:
+  """model.moe of Nemotron-H's 'E' layers: sigmoid scores, the selection bias (e_score_correction_bias) and grouped
+  top-k choose, the unbiased scores weigh (renormalised with norm_topk_prob, times routed_scaling_factor);
+  squared-ReLU experts and an ungated shared expert of width moe_shared_expert_intermediate_size."""
+  if hf.get('moe_latent_size') is not None:
+    refuse('moe_latent_size', hf['moe_latent_size'], 'LatentMoE (experts in a projected latent space: '
+           'fc1_latent_proj / fc2_latent_proj) is not supported; null is')
+  shared = hf.get('moe_shared_expert_intermediate_size', 7688)
+  if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+    refuse('moe_shared_expert_intermediate_size', shared, 'a width >= 0')
+  return dict(blocks='none', **_experts({'n_routed_experts': 8, 'num_experts_per_tok': 2,
+                                         'moe_intermediate_size': 7688, **hf},
+                                        'n_routed_experts', 'moe_intermediate_size'),
+              router='sigmoid', norm_topk_prob=bool(hf.get('norm_topk_prob', True)),
+              n_group=positive_int(hf, 'n_group', 1), topk_group=positive_int(hf, 'topk_group', 1),
+              routed_scaling_factor=positive_number(hf, 'routed_scaling_factor', 1.0), activation='relu2',
+              shared_experts=1 if shared else 0, shared_d_ff=shared)
 
 
 def _nemotron_h_plan(hf):
@@ -317,7 +337,7 @@ def _nemotron_h_plan(hf):
   else:
     pattern = hf.get('hybrid_override_pattern')
     if not isinstance(pattern, str) or set(pattern) - set(_NEMOTRON_PATTERN):
-      refuse('hybrid_override_pattern', pattern, 'a string of M, *, - (E: experts, refused)')
+      refuse('hybrid_override_pattern', pattern, 'a string of M, *, -, E')
     kinds = _layer_list({'layers_block_type': [_NEMOTRON_PATTERN[c] for c in pattern]}, 'layers_block_type',
                         _NEMOTRON_TYPES, None)
   if hf.get('mlp_hidden_act', 'relu2') != 'relu2':
@@ -332,6 +352,8 @@ def _nemotron_h_plan(hf):
                             num_groups=positive_int(hf, 'n_groups', 8), conv_width=positive_int(hf, 'conv_kernel', 4),
                             conv_bias=bool(hf.get('use_conv_bias', True)), norm_by_group=True,
                             dt_floor=float(hf.get('time_step_min', 0.001))))
+  if 'moe' in kinds:
+    fields['moe'] = _nemotron_h_moe(hf)
   return fields, False  # NemotronH never ties its head.
 
 
@@ -343,6 +365,12 @@ def _nemotron_h_rules(model_cfg, spec, i):
   if spec.kind == 'mlp':
     return rules + [Rule(p + 'mixer.up_proj.weight', ((('mixer', 'mlp', 'up'), TRANSPOSE),)),
                     Rule(p + 'mixer.down_proj.weight', ((('mixer', 'mlp', 'down'), TRANSPOSE),))]
+  if spec.kind == 'moe':
+    q = p + 'mixer.'
+    return rules + [*moe_rules(('mixer', 'moe'), q + 'gate.weight', q + 'experts.down_proj', up=q + 'experts.up_proj',
+                               router_bias=q + 'gate.e_score_correction_bias'),
+                    *(shared_expert_rules(('mixer', 'moe'), q + 'shared_experts.', gate=None)
+                      if model_cfg.moe.shared_experts else [])]
   return rules + attention_rules(p + 'mixer.', {})
 
 
@@ -373,10 +401,17 @@ def _bamba_rules(model_cfg, spec, i):
 _GRANITE_TYPES = {'linear_attention': 'mamba2', 'mamba': 'mamba2', 'full_attention': 'full', 'attention': 'full'}
 
 
+def _granite_moe(hf: dict) -> dict:
+  """model.moe of Granite-4.0-H with experts: the top k router logits, a softmax over them, SwiGLU experts of width
+  intermediate_size, and the shared MLP (ungated) as the shared expert."""
+  return dict(blocks='all', **_experts(hf, 'num_local_experts', 'intermediate_size'), router='topk_softmax',
+              activation='swiglu', shared_experts=1, shared_d_ff=positive_int(hf, 'shared_intermediate_size', 1024))
+
+
 def _granite_hybrid_plan(hf):
-  experts = hf.get('num_local_experts', 8)
-  if experts:
-    refuse('num_local_experts', experts, 'only the dense Granite-4.0-H (0 experts, shared MLP alone) is supported')
+  experts = hf.get('num_local_experts', 8)  # transformers' default: a config.json without the field has experts.
+  if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+    refuse('num_local_experts', experts, 'a number of experts >= 0')
   _no_bias(hf, 'attention_bias')
   _silu(hf, 'hidden_act')
   n = positive_int(hf, 'num_hidden_layers')
@@ -393,14 +428,27 @@ def _granite_hybrid_plan(hf):
                 residual_multiplier=positive_number(hf, 'residual_multiplier', 1.0),
                 logits_scaling=positive_number(hf, 'logits_scaling', 1.0),
                 attention_scale=0.0 if scale == fields['head_dim'] ** -0.5 else scale)
+  if experts:
+    fields['moe'] = _granite_moe(hf)
   return fields, bool(hf.get('tie_word_embeddings', False))
+
+
+def _granite_mlp_rules(spec, p):
+  """Granite-4.0-H's MLP: the shared MLP alone (input_linear = gate rows, then up), or with experts the MoE whose
+  shared expert it is (block_sparse_moe: router.layer, input_linear [E, 2I, H] gate then up, output_linear)."""
+  if not spec.moe:
+    return [Rule(p + 'shared_mlp.input_linear.weight', ((('mlp', 'gate'), TRANSPOSE), (('mlp', 'up'), TRANSPOSE))),
+            Rule(p + 'shared_mlp.output_linear.weight', ((('mlp', 'down'), TRANSPOSE),))]
+  q = p + 'block_sparse_moe.'
+  return [*moe_rules(('mlp',), q + 'router.layer.weight', q + 'output_linear.weight',
+                     gate_up=q + 'input_linear.weight'),
+          *shared_expert_rules(('mlp',), p + 'shared_mlp.', gate_up='input_linear.weight',
+                               down='output_linear.weight')]
 
 
 def _granite_hybrid_rules(model_cfg, spec, i):
   p = f'model.layers.{i}.'
-  rules = [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm'),
-           Rule(p + 'shared_mlp.input_linear.weight', ((('mlp', 'gate'), TRANSPOSE), (('mlp', 'up'), TRANSPOSE))),
-           Rule(p + 'shared_mlp.output_linear.weight', ((('mlp', 'down'), TRANSPOSE),))]
+  rules = [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm'), *_granite_mlp_rules(spec, p)]
   if spec.kind == 'mamba2':
     return rules + mamba_rules(p + 'mamba.', bool(model_cfg.mamba2.conv_bias))
   return rules + attention_rules(p + 'self_attn.', {})
@@ -414,7 +462,7 @@ FAMILIES = {f.model_type: f for f in (
     Family('olmo_hybrid', 'OlmoHybridForCausalLM', _olmo_hybrid_plan, _olmo_hybrid_rules, _TOP),
     Family('nemotron_h', 'NemotronHForCausalLM', _nemotron_h_plan, _nemotron_h_rules,
            {'embed': 'model.embeddings.weight', 'final_norm': 'model.norm_f.weight', 'lm_head': 'lm_head.weight'},
-           prefixes=('backbone.', 'model.'), ignored=('mtp.',)),
+           prefixes=('backbone.', 'model.'), ignored=('mtp.',), per_expert=_NEMOTRON_EXPERTS),
     Family('bamba', 'BambaForCausalLM', _bamba_plan, _bamba_rules,
            {**_TOP, 'final_norm': 'model.final_layernorm.weight'}),
     Family('granitemoehybrid', 'GraniteMoeHybridForCausalLM', _granite_hybrid_plan, _granite_hybrid_rules, _TOP),
