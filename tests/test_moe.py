@@ -429,3 +429,42 @@ def test_scanned_moe_stack_trains_with_per_layer_statistics_and_bias_updates():
   assert sorted({int(k.split('/')[1][5:]) for k in m if k.startswith('moe/')}) == [1, 3, 5]
   bias = np.asarray(state['params']['cycles']['blocks'][1]['mlp']['router_bias'])
   assert bias.shape == (3, 4) and np.abs(bias).max() > 0
+
+
+@pytest.mark.e2e
+def test_sharded_moe_training_matches_one_device():
+  """Data parallel, FSDP and tensor parallel on 4 devices: each device sorts its own tokens, and the losses, router
+  statistics and loads of 3 steps (sigmoid router, bias updates, a shared expert) equal one device's."""
+  from tests.test_parallel import run_with_devices
+  code = '''
+    import json
+    import jax, numpy as np
+    from hybrid_jax.config import validate
+    from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
+    from hybrid_jax.train import optim, state as state_lib, step as step_lib
+    from tests.test_moe import train_config
+
+    def run(shape, devices):
+      c = train_config(router='sigmoid', bias_rate=0.01, shared_experts=1)
+      c.train.batch_size = 4
+      c.parallel.data, c.parallel.fsdp, c.parallel.tensor = shape
+      cfg = validate(c)
+      md, tx = state_lib.make_model_def(cfg.model), optim.make_optimizer(cfg.train)
+      mesh = mesh_lib.make_mesh(cfg.parallel, devices)
+      sh = mesh_lib.train_shardings(md, tx, mesh, rules_lib.parse_rules(cfg.parallel.rules))
+      state = state_lib.init_sharded_train_state(cfg.model, cfg.seed, tx, sh.state)
+      step = step_lib.make_train_step(md, tx, cfg.train, sh)
+      rng, out = np.random.default_rng(0), []
+      for _ in range(3):
+        toks = rng.integers(0, 257, (4, cfg.data.seq_len + 1)).astype(np.int32)
+        batch = {k: jax.device_put(v, sh.batch) for k, v in {'inputs': toks[:, :-1], 'targets': toks[:, 1:]}.items()}
+        state, m = step(state, batch)
+        out.append([float(m['loss']), float(m['moe/layer1/aux_loss'])] + np.asarray(m['moe/layer0/load']).tolist())
+      return out
+
+    single = np.array(run((1, 1, 1), jax.devices()[:1]))
+    print(json.dumps([float(np.abs(np.array(run(s, jax.devices())) - single).max())
+                      for s in ((4, 1, 1), (2, 2, 1), (1, 2, 2))]))
+  '''
+  gaps = json.loads(run_with_devices(4, code).splitlines()[-1])
+  assert max(gaps) < 1e-5, gaps
