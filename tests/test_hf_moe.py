@@ -2,8 +2,9 @@
 
 Each fixture under tests/data/hf_moe/ is a tiny random checkpoint saved by transformers 5.25 with, in
 reference.safetensors, its logits, 8 greedy tokens and `routing`: the experts each of the 32 prompt tokens chose in
-each MoE layer (ascending), taken from the routers' own outputs (scripts/hf_reference_logits.py; docs/HF.md, "MoE
-fixtures"). The routing is compared first: logits within tolerance with a wrong choice of experts would be luck.
+each MoE layer (ascending), taken from the routers' own outputs (scripts/hf_reference_logits.py; the "MoE fixtures"
+section of docs/HF.md). The routing is compared first: logits within tolerance with a wrong choice of experts would
+be luck.
 No torch is imported here.
 """
 
