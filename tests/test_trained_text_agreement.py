@@ -170,6 +170,7 @@ def test_code_row_is_the_regime():
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(1800)  # 300 steps take 4-5 min of CPU, and a loaded 2-core host stretched them past 15 min.
 def test_tiny_gdn_trained_as_a_user_does_agrees_on_text(tmp_path):
   """`hybrid:arch=gdn,scale=tiny` trained its 300 steps on the built-in corpus (the run where 'pallas_tpu' was
   found 6.6 away from 'xla' on indented code), loaded as `runs.load_run` loads it with each implementation."""
