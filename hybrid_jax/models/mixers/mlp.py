@@ -12,16 +12,8 @@ from hybrid_jax.models import layers
 from hybrid_jax.models.mixers import registry
 
 
-class MLPLayer(nnx.Module):
-  """model.mlp's MLP with the decode protocol (no state)."""
-
-  def __init__(self, cfg, spec, *, rngs: nnx.Rngs):
-    del spec
-    self.mlp = layers.make_mlp(cfg, rngs=rngs)
-
-  def __call__(self, x, positions, segment_ids=None):
-    del positions, segment_ids
-    return self.mlp(x)
+class Pointwise(nnx.Module):
+  """The decode protocol of a layer that mixes nothing across positions: no state, every token computed alone."""
 
   def init_state(self, batch: int, max_len: int):
     del batch, max_len
@@ -32,6 +24,18 @@ class MLPLayer(nnx.Module):
 
   def step(self, x, position, state):
     return self(x, position), state
+
+
+class MLPLayer(Pointwise):
+  """model.mlp's MLP as a layer."""
+
+  def __init__(self, cfg, spec, *, rngs: nnx.Rngs):
+    del spec
+    self.mlp = layers.make_mlp(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, segment_ids=None):
+    del positions, segment_ids
+    return self.mlp(x)
 
 
 def mlp_layer_flops(cfg, spec, t: int) -> dict:

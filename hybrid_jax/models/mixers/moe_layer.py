@@ -11,11 +11,12 @@ from flax import nnx
 from hybrid_jax import config_keys
 from hybrid_jax.errors import invalid_config
 from hybrid_jax.models import moe, moe_routing, pattern
+from hybrid_jax.models.mixers import mlp
 from hybrid_jax.models.mixers import registry
 
 
-class MoELayer(nnx.Module):
-  """model.moe's MoE with the decode protocol (no state); `with_stats` gives the router statistics too."""
+class MoELayer(mlp.Pointwise):
+  """model.moe's MoE as a layer; `with_stats` gives the router statistics too."""
 
   def __init__(self, cfg, spec, *, rngs: nnx.Rngs):
     del spec
@@ -27,16 +28,6 @@ class MoELayer(nnx.Module):
 
   def __call__(self, x, positions, segment_ids=None):
     return self.with_stats(x, positions, segment_ids)[0]
-
-  def init_state(self, batch: int, max_len: int):
-    del batch, max_len
-    return ()
-
-  def prefill(self, x, positions, state):
-    return self(x, positions), state
-
-  def step(self, x, position, state):
-    return self(x, position), state
 
 
 def _number(**bounds):
