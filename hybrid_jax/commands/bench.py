@@ -187,7 +187,8 @@ def _kernel_errors(argv) -> int:
   p = _parser('kernel-errors', kernel_errors.__doc__.split('\n')[0])
   p.add_argument('--kernels', type=checks.flag_choices(kernel_errors.KERNELS, 'kernels'),
                  default=list(kernel_errors.KERNELS), help=f'comma-separated, of {list(kernel_errors.KERNELS)}')
-  p.add_argument('--chunk', type=int, choices=[16, 32, 64, 128], default=64, help='chunk length of the scans')
+  p.add_argument('--chunk', type=checks.flag_number(integer=True, low=16, high=128), choices=[16, 32, 64, 128],
+                 default=64, help='chunk length of the scans')
   p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='input dtype')
   return kernel_errors.run(p.parse_args(argv))
 
