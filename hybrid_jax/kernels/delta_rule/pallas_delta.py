@@ -31,18 +31,6 @@ F32 = pc.F32
 SUB = pc.MIN_CHUNK['gpu']  # GPU forward-substitution block (Triton dots need 16 rows).
 
 
-def forward_substitution(lower):
-  """(I + L)^-1 of a small strictly lower-triangular L: row i becomes e_i - L_i T (rows < i already final).
-
-  Each step is one masked product (only row i of L kept), so it needs no dynamic indexing of values.
-  """
-  r, c = pc.iotas(lower.shape[0])
-  inv = (r == c).astype(F32)
-  for i in range(1, lower.shape[0]):
-    inv = inv - pc.dot(jnp.where(r == i, lower, 0.0), inv, F32)
-  return inv
-
-
 LEAF = 4  # Diagonal blocks of `recursive_inverse` solved by substitution: the fewest products for C = 64 and 128.
 
 
@@ -98,7 +86,7 @@ def intra_kernel_blocked(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, cfg
       lower[a, b] = betas[a] * kk * gam
   inv = {}
   for a in range(nb):
-    inv[a, a] = forward_substitution(lower[a, a])
+    inv[a, a] = recursive_inverse(lower[a, a], leaf=SUB)  # One leaf: plain forward substitution.
     for b in range(a - 1, -1, -1):
       acc = sum(pc.dot(lower[a, m], inv[m, b], F32) for m in range(b, a))
       inv[a, b] = -pc.dot(inv[a, a], acc, F32)
