@@ -279,7 +279,7 @@ def test_auto_export_names_why_each_family_differs():
   config = _tiny_config(cycle=('mamba2', 'full'))
   with pytest.raises(HFError, match=r'no transformers class computes what this model does') as info:
     io.check_exportable(config.model, 'auto')
-  assert all(f'{family}: ' in str(info.value) for family in family_export.EXPORTERS)
+  assert all(f'{family}: ' in str(info.value) for family in family_export.DENSE_AUTO)
   assert '\n' not in str(info.value) and 'model.mamba2.' in str(info.value)
   with pytest.raises(HFError, match=r"layer 0 is a 'lightning' mixer \(not attention\)"):
     io.check_exportable(_tiny_config(cycle=('lightning', 'full')).model, 'auto')

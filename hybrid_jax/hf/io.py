@@ -91,22 +91,24 @@ def _save_tensors(tensors: dict, out: pathlib.Path, max_shard_bytes: int | None)
 
 
 def family_arch(model_cfg, arch: str) -> str | None:
-  """The recurrent-hybrid family to export as: the one `arch` names, or for 'auto' and a model with layers that
-  are not attention, the first family whose class computes what the model does (HFError naming, per family, the
-  key it differs in, when none does); None for the attention classes (attention.config)."""
-  if 'moe' in model_cfg and model_cfg.moe.blocks != 'none':
-    raise HFError(f'export does not write mixture-of-experts MLPs yet (model.moe.blocks={model_cfg.moe.blocks!r}; '
-                  'docs/MOE.md)')
-  if arch in family_config.FAMILIES:
+  """The recurrent-hybrid or MoE family to export as: the one `arch` names, or for 'auto' and a model with layers
+  that are not attention or with mixtures of experts, the first family whose class computes what the model does
+  (HFError naming, per family, the key it differs in, when none does); None for the attention classes
+  (attention.config)."""
+  if arch in family_export.EXPORTERS:
     return arch
   from hybrid_jax.models.mixers import registry  # pylint: disable=g-import-not-at-top
   kinds = set(model_cfg.cycle)
-  if arch != 'auto' or all(registry.get(kind).attention for kind in kinds):
+  with_experts = family_export._has_moe(model_cfg)  # pylint: disable=protected-access
+  if with_experts and arch != 'auto':
+    raise HFError(f'--arch={arch} has no mixture-of-experts MLPs, but the model has them (model.moe); export it '
+                  f'as one of {", ".join(family_export.MOE_AUTO)} (--arch auto picks)')
+  if arch != 'auto' or (not with_experts and all(registry.get(kind).attention for kind in kinds)):
     return None
-  if not kinds <= family_export.FAMILY_KINDS:
+  if not with_experts and not kinds <= family_export.FAMILY_KINDS:
     return None  # A kind no family has: attention_config.layer_plan names the layer.
   reasons = []
-  for family in family_export.EXPORTERS:
+  for family in family_export.MOE_AUTO if with_experts else family_export.DENSE_AUTO:
     try:
       family_export.to_hf_config(model_cfg, family, max_positions=1, eos_id=None)
       return family
@@ -132,7 +134,7 @@ def write_hf(out, model_cfg, params, *, arch: str = 'auto', max_positions: int, 
   family = family_arch(model_cfg, arch)
   if family:
     hf_config = family_export.to_hf_config(model_cfg, family, max_positions=max_positions, eos_id=eos_id)
-    tensors = family_weights.to_hf(family_config.FAMILIES[family], params, model_cfg, dtype=_np_dtype(dtype))
+    tensors = family_weights.to_hf(family_config.family(family), params, model_cfg, dtype=_np_dtype(dtype))
   else:
     hf_config = attention_config.to_hf_config(model_cfg, arch, max_positions=max_positions, eos_id=eos_id)
     tensors = attention_weights.to_hf_tensors(params, model_cfg, attention_weights.TABLES[hf_config['model_type']],

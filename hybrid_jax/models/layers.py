@@ -5,6 +5,8 @@ vocab, layers); hybrid_jax.parallel maps them onto mesh axes. Weights are stored
 compute dtype at use, so the optimizer always sees float32 masters.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -165,19 +167,46 @@ def mlp_params(cfg) -> int:
   return MLPS[cfg.mlp][1] * cfg.d_model * cfg.d_ff
 
 
-def rope(x, positions, *, base: float, dims: int = 0):
+def yarn_inv_freq(dims: int, base: float, yarn) -> tuple[jax.Array, float]:
+  """YaRN's inverse frequencies [dims/2] (float32) and cos/sin factor, for `yarn` = (factor f, original context
+  L0, beta_fast, beta_slow, truncate, attention factor; 0 = 1 + 0.1 ln f). With r(n) = dims ln(L0 / (2 pi n)) /
+  (2 ln base), low = r(beta_fast), high = r(beta_slow) (floor / ceil when truncating), clamped to [0, dims - 1],
+  ramp_j = clamp((j - low) / (high - low), 0, 1): w'_j = w_j / f * ramp_j + w_j * (1 - ramp_j), w_j =
+  base^(-2j/dims) (transformers' _compute_yarn_parameters, in its order of float32 operations)."""
+  factor, original, beta_fast, beta_slow, truncate, attention_factor = yarn
+  correction = lambda n: dims * math.log(original / (n * 2 * math.pi)) / (2 * math.log(base))
+  low, high = correction(beta_fast), correction(beta_slow)
+  if truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dims - 1)
+  if low == high:
+    high += 0.001  # As transformers: no division by zero.
+  pos_freqs = base ** (jnp.arange(0, dims, 2, dtype=jnp.float32) / dims)
+  ramp = jnp.clip((jnp.arange(dims // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+  extrapolation = 1 - ramp
+  inv_freq = 1.0 / (factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
+  return inv_freq, float(attention_factor) or (1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0)
+
+
+def rope(x, positions, *, base: float, dims: int = 0, yarn=None):
   """Rotary position embedding (rotate-half form) of x [B, T, H, D] at integer positions [B, T] or [T].
 
   `dims` > 0 rotates only the first `dims` channels of each head (partial RoPE: frequencies base**(-2i/dims)) and
-  passes the rest through; 0 rotates the whole head.
+  passes the rest through; 0 rotates the whole head. `yarn` (a tuple, `yarn_inv_freq`): YaRN's frequencies, with
+  cos and sin times its attention factor (gpt-oss); None = plain RoPE.
   """
   head_dim = x.shape[-1]
   dims = dims or head_dim
-  inv_freq = 1.0 / (base ** (jnp.arange(0, dims, 2, dtype=jnp.float32) / dims))
+  if yarn is None:
+    inv_freq, factor = 1.0 / (base ** (jnp.arange(0, dims, 2, dtype=jnp.float32) / dims)), 1.0
+  else:
+    inv_freq, factor = yarn_inv_freq(dims, base, yarn)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., T, dims/2]
   if angles.ndim == 2:
     angles = angles[None]
   sin, cos = jnp.sin(angles), jnp.cos(angles)
+  if factor != 1.0:
+    sin, cos = sin * factor, cos * factor
   if platform.target() == 'cpu':
     # The tables made once: XLA:CPU fuses them into their consumers, evaluating sin and cos again for every head,
     # for q and k apart, in both passes (a tenth of the mini-study's train step). Elsewhere they stay free to fuse.

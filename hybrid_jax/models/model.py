@@ -43,7 +43,9 @@ class Block(nnx.Module):
 
   With model.block_mlp False a block is its mixer alone (Nemotron-H's blocks); MLPs are then layers of their own
   (the 'mlp' kind of the cycle). With model.attention.post_norm an attention layer's block is post-norm:
-  x + r * norm(mixer(x)), then x + r * norm(mlp(x)) (OLMo Hybrid's attention layers).
+  x + r * norm(mixer(x)), then x + r * norm(mlp(x)) (OLMo Hybrid's attention layers). A branch whose layer kind's
+  section sets `normed_residual` (alpha, beta) (the mixer's kind; for the MLP, model.moe when it is an MoE) carries
+  its normed input instead of x: alpha * norm(x) + beta * r * branch(norm(x)) (MiniMax's blocks).
   """
 
   def __init__(self, cfg, spec: pattern.LayerSpec, *, rngs: nnx.Rngs):
@@ -59,11 +61,22 @@ class Block(nnx.Module):
       self.mlp_norm = self.mlp = None
     self.scope = spec.scope
     self.residual_multiplier = float(cfg.residual_multiplier)
+    section = registry.get(spec.kind).section
+    self.mixer_residual = tuple(cfg[section].get('normed_residual', ())) if section else ()
+    self.mlp_residual = tuple(cfg.moe.get('normed_residual', ())) if cfg.block_mlp and spec.moe else ()
 
   def add(self, x, y):
-    """The residual stream x plus a branch output y (times the residual multiplier)."""
+    """The residual stream x after the mixer's branch of output y: x plus y (times the residual multiplier), or
+    with the mixer kind's normed_residual (alpha, beta), alpha * mixer_norm(x) + beta * that."""
+    return self._join(x, y, self.mixer_residual, self.mixer_norm)
+
+  def _join(self, x, y, normed_residual, norm):
     y = y.astype(x.dtype)
-    return x + (y if self.residual_multiplier == 1.0 else y * self.residual_multiplier)
+    y = y if self.residual_multiplier == 1.0 else y * self.residual_multiplier
+    if not normed_residual:
+      return x + y
+    alpha, beta = normed_residual
+    return norm(x).astype(x.dtype) * alpha + y * beta
 
   def mixer_input(self, x):
     """What the mixer reads of the stream x: norm(x), or x itself in a post-norm block."""
@@ -83,9 +96,9 @@ class Block(nnx.Module):
       return x, {}
     if self.post_norm:
       y, stats = moe.with_stats(self.mlp, x)
-      return self.add(x, self.mlp_norm(y)), stats
+      return self._join(x, self.mlp_norm(y), (), None), stats
     y, stats = moe.with_stats(self.mlp, self.mlp_norm(x))
-    return self.add(x, y), stats
+    return self._join(x, y, self.mlp_residual, self.mlp_norm), stats
 
   def forward(self, x, positions, segment_ids=None):
     """(the block's output, the router statistics of its MoE: {} for a block without one)."""

@@ -116,6 +116,9 @@ class MoE(nnx.Module):
     # The selection bias of the sigmoid router: no gradient reaches it; the train step may move it (bias_rate).
     self.router_bias = (nnx.Param(jnp.zeros((e,), pdt), logical_axes=('expert',))
                         if moe.router == 'sigmoid' else None)
+    # A learned bias on the router logits (gpt-oss), trained as any parameter.
+    self.router_logit_bias = (nnx.Param(jnp.zeros((e,), pdt), logical_axes=('expert',))
+                              if moe.get('router_logit_bias') else None)
     gated = self.activation != 'relu2'
     self.gate = param(rngs, (e, d, f), ('expert', 'embed', 'mlp'), std=std, dtype=pdt) if gated else None
     self.up = param(rngs, (e, d, f), ('expert', 'embed', 'mlp'), std=std, dtype=pdt)
@@ -143,6 +146,8 @@ class MoE(nnx.Module):
   def with_stats(self, x):
     """(output [..., d_model] in the compute dtype, the router statistics of this call)."""
     logits = x.astype(jnp.float32) @ self.router[...].astype(jnp.float32)
+    if self.router_logit_bias is not None:
+      logits = logits + self.router_logit_bias[...].astype(jnp.float32)
     bias = None if self.router_bias is None else self.router_bias[...]
     routing = moe_routing.route(logits.reshape(-1, self.num_experts), self.routing, bias)
     lead = x.shape[:-1]
@@ -260,7 +265,7 @@ def params(cfg) -> dict:
   per_expert = mats * d * f + (2 * f + d if moe.activation == 'swiglu_oai' else 0)
   fs = shared_width(cfg)
   shared = (2 if moe.activation == 'relu2' else 3) * d * fs + (d if fs and moe.shared_expert_gate else 0)
-  router = d * e + (e if moe.router == 'sigmoid' else 0)
+  router = d * e + (e if moe.router == 'sigmoid' else 0) + (e if moe.get('router_logit_bias') else 0)
   return {'total': router + e * per_expert + shared, 'active': router + k * per_expert + shared}
 
 

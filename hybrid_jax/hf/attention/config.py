@@ -23,8 +23,8 @@ HF_CLASSES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'smo
 IMPORT_TYPES = (*HF_CLASSES, 'minicpm')
 # The recurrent hybrids, read by hybrid_jax.hf.families' rules.
 FAMILY_TYPES = ('qwen3_5_text', 'olmo_hybrid', 'nemotron_h', 'bamba', 'granitemoehybrid')
-# Import only: the mixture-of-experts hybrids (Nemotron-H and Granite-4.0-H with experts are the types above).
-MOE_FAMILY_TYPES = ('qwen3_5_moe_text', 'qwen3_next')
+# The mixture-of-experts families (Nemotron-H and Granite-4.0-H with experts are the types above).
+MOE_FAMILY_TYPES = ('qwen3_5_moe_text', 'qwen3_next', 'gpt_oss', 'minimax')
 # Released hybrids whose layers this project cannot compute, and what they lack.
 UNREPRESENTABLE = {'kimi_linear': "Kimi Linear's KDA (Kimi delta attention) mixer and MLA (multi-head latent "
                                   'attention) layers have no hybrid_jax layer'}
@@ -78,7 +78,20 @@ def layer_plan(model_cfg) -> list[Layer]:
                     f'({", ".join(FAMILY_TYPES)}) gdn, mamba2 and mlp layers beside full attention '
                     f'(model.cycle={tuple(model_cfg.cycle)})')
     plan.append(Layer(spec.window, spec.rope))
+  _refuse_attention_variants(model_cfg)
   return plan
+
+
+def _refuse_attention_variants(model_cfg):
+  """HFError naming the first model.attention option away from its default (the plain block's attention): none of
+  these classes has it (the families' classes have some: hybrid_jax.hf.families)."""
+  for name, field in registry.get('full').fields.items():
+    value = model_cfg.attention.get(name, field.default)
+    plain = tuple(value) == tuple(field.default) if isinstance(field.default, tuple) else value == field.default
+    if name != 'max_documents' and not plain:
+      raise HFError(f'the model sets model.attention.{name}={value!r}, which {", ".join(HF_CLASSES)} do not compute '
+                    f'(their attention is the plain block\'s); a family may: {", ".join(FAMILY_TYPES)}, '
+                    f'{", ".join(MOE_FAMILY_TYPES)}')
 
 
 def granite_options(model_cfg) -> list[str]:

@@ -1,5 +1,7 @@
 """The recurrent hybrids people release, as hybrid_jax models: Qwen3.5, OLMo Hybrid, Nemotron-H, Bamba, Granite-4.0-H,
-and the mixture-of-experts ones: Qwen3.5-MoE, Qwen3-Next, Nemotron-H with 'E' layers, Granite-4.0-H with experts.
+and the mixture-of-experts ones: Qwen3.5-MoE, Qwen3-Next, Nemotron-H with 'E' layers, Granite-4.0-H with experts,
+gpt-oss (SWA / full attention with sinks, biases and YaRN) and MiniMax-Text-01 (Lightning and softmax layers with
+MiniMax's scaled normed residuals).
 
 Each family is a `Family`: how its `config.json` maps onto model fields (refusing, field by field, what the model
 cannot hold, before a weight is read) and its tensor rules (hybrid_jax.hf.families.rules): which checkpoint tensor
@@ -11,11 +13,15 @@ import dataclasses
 import math
 from typing import Callable
 
+import numpy as np
+
 from hybrid_jax.hf.families.experts import Stacking
-from hybrid_jax.hf.families.rules import (CONV, ZERO_CENTRED, Rule, attention_rules, block_norm_rules, mamba_rules,
-                                          moe_rules, shared_expert_rules, swiglu_rules)
+from hybrid_jax.hf.families.rules import (CONV, FLAT, ZERO_CENTRED, Rule, attention_bias_rules, attention_rules,
+                                          block_norm_rules, mamba_rules, moe_rules, shared_expert_rules,
+                                          swiglu_rules, transposed_expert_rules)
 from hybrid_jax.hf.fields import positive_int, positive_number, refuse, rope, shortest_cycle
 from hybrid_jax.hf.tensors import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE
+from hybrid_jax.models.mixers import lightning
 
 
 # ---------------------------------------------------------------------------------------------------- config
@@ -120,6 +126,12 @@ class Family:
   ignored: tuple = ()
   zero_centred: bool = False  # Norms store w for a scale of 1 + w (Qwen3.5's), the final norm's included.
   per_expert: tuple = ()  # Stackings: experts stored one tensor each, read as the stacked tensors (experts.py).
+  export_per_expert: bool = False  # Export writes the experts one tensor each (as the family's releases do).
+  # (name in some checkpoints, name the rules use): module paths a class also loads under another name.
+  aliases: tuple = ()
+  # derived(model_cfg, spec, i) -> {tensor name: value}: buffers computed from the config (MiniMax's decays), which
+  # import checks where the checkpoint stores them and export writes.
+  derived: Callable | None = None
 
 
 _GDN_TYPES = {'linear_attention': 'gdn', 'full_attention': 'full'}
@@ -454,6 +466,180 @@ def _granite_hybrid_rules(model_cfg, spec, i):
   return rules + attention_rules(p + 'self_attn.', {})
 
 
+_GPT_OSS_TYPES = {'sliding_attention': 'swa', 'full_attention': 'full'}
+# transformers' GptOssConfig when config.json gives no rope_parameters (the released models' YaRN).
+_GPT_OSS_ROPE = {'rope_type': 'yarn', 'factor': 32.0, 'beta_fast': 32.0, 'beta_slow': 1.0, 'truncate': False,
+                 'original_max_position_embeddings': 4096}
+
+
+def _yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+  return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _gpt_oss_rope(hf: dict) -> tuple[float, dict]:
+  """(RoPE base, model.attention's RoPE keys) of gpt-oss' rope_parameters (or the older rope_scaling + rope_theta):
+  YaRN (transformers' _compute_yarn_parameters) or plain RoPE, over the whole head."""
+  params = hf.get('rope_parameters') or hf.get('rope_scaling') or _GPT_OSS_ROPE
+  field = 'rope_parameters' if hf.get('rope_parameters') else 'rope_scaling'
+  theta = params.get('rope_theta', hf.get('rope_theta', 150000.0))
+  if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 1:
+    refuse(f'{field}.rope_theta', theta, 'a RoPE base > 1')
+  if params.get('partial_rotary_factor', hf.get('partial_rotary_factor', 1.0)) != 1.0:
+    refuse('partial_rotary_factor', params.get('partial_rotary_factor', hf.get('partial_rotary_factor')),
+           "gpt-oss' RoPE rotates the whole head (1.0)")
+  kind = params.get('rope_type', params.get('type', 'default'))
+  if kind == 'default':
+    return float(theta), {}
+  if kind != 'yarn':
+    refuse(f'{field}.rope_type', kind, "'yarn' or 'default' RoPE")
+  original = params.get('original_max_position_embeddings')
+  if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+    refuse(f'{field}.original_max_position_embeddings', original, 'a positive integer')
+  factor = params.get('factor')
+  if factor is None:  # transformers: the ratio of the two context lengths.
+    factor = positive_int(hf, 'max_position_embeddings') / original
+  factor = positive_number({'factor': factor}, 'factor')
+  beta_fast, beta_slow = float(params.get('beta_fast') or 32), float(params.get('beta_slow') or 1)
+  if not 0 < beta_slow < beta_fast:
+    refuse(f'{field}.beta_fast', beta_fast, f'above beta_slow={beta_slow} > 0')
+  attention_factor = params.get('attention_factor')
+  mscale, mscale_all_dim = params.get('mscale'), params.get('mscale_all_dim')
+  if attention_factor is None:
+    attention_factor = (_yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor, mscale_all_dim)
+                        if mscale and mscale_all_dim else 0.0)  # 0: 1 + 0.1 ln(factor), YaRN's.
+  elif not isinstance(attention_factor, (int, float)) or not attention_factor > 0:
+    refuse(f'{field}.attention_factor', attention_factor, 'a number > 0')
+  return float(theta), dict(rope_scaling='yarn', yarn_factor=factor, yarn_original_positions=original,
+                            yarn_beta_fast=beta_fast, yarn_beta_slow=beta_slow,
+                            yarn_truncate=bool(params.get('truncate', True)),
+                            yarn_attention_factor=float(attention_factor))
+
+
+def _gpt_oss_plan(hf):
+  """gpt-oss: sliding-window and full attention layers (layer_types) with learned sinks, q/k/v/o biases and YaRN
+  RoPE; every block's MLP an MoE: router logits with a bias, the top k, a softmax over them; experts with biases
+  and the clamped SwiGLU (swiglu_oai)."""
+  if hf.get('quantization_config'):
+    refuse('quantization_config', hf['quantization_config'].get('quant_method', hf['quantization_config'])
+           if isinstance(hf['quantization_config'], dict) else hf['quantization_config'],
+           'quantized experts (MXFP4 _blocks / _scales) are not read; dequantize the checkpoint first '
+           '(transformers: Mxfp4Config(dequantize=True), then save_pretrained)')
+  hf = {'num_local_experts': 128, 'num_experts_per_tok': 4, 'head_dim': 64, 'rms_norm_eps': 1e-5, **hf}
+  n = positive_int(hf, 'num_hidden_layers')
+  kinds = (_layer_list(hf, 'layer_types', _GPT_OSS_TYPES, n) if hf.get('layer_types') is not None
+           else ['swa' if (i + 1) % 2 else 'full' for i in range(n)])
+  theta, rope_fields = _gpt_oss_rope(hf)
+  fields = _common(hf, kinds, head_dim=positive_int(hf, 'head_dim'))
+  if 'swa' in kinds:
+    fields['window'] = positive_int({'sliding_window': 128, **hf}, 'sliding_window')
+  fields.update(rope_base=theta, rope_full=True, rope_swa=True, attention_sinks=True,
+                attention=dict(bias=bool(hf.get('attention_bias', True)), **rope_fields),
+                moe=dict(blocks='all', **_experts(hf, 'num_local_experts', 'intermediate_size'), router='topk_softmax',
+                         router_logit_bias=True, activation='swiglu_oai',
+                         swiglu_limit=positive_number(hf, 'swiglu_limit', 7.0),
+                         swiglu_alpha=positive_number(hf, 'swiglu_alpha', 1.702)))
+  return fields, bool(hf.get('tie_word_embeddings', False))
+
+
+def _gpt_oss_rules(model_cfg, spec, i):
+  p = f'model.layers.{i}.'
+  a = p + 'self_attn.'
+  return [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm'), *attention_rules(a, {}),
+          *(attention_bias_rules(a) if model_cfg.attention.bias else []),
+          Rule(a + 'sinks', ((('mixer', 'sinks'), SAME),)), *transposed_expert_rules(('mlp',), p + 'mlp.')]
+
+
+_MINIMAX_TYPES = {'linear_attention': 'lightning', 'full_attention': 'full'}
+# transformers' MiniMaxConfig field -> the remote-code (MiniMax-Text-01) config's name of it.
+_MINIMAX_FACTORS = {'linear_attn_alpha_factor': 'layernorm_linear_attention_alpha',
+                    'linear_attn_beta_factor': 'layernorm_linear_attention_beta',
+                    'full_attn_alpha_factor': 'layernorm_full_attention_alpha',
+                    'full_attn_beta_factor': 'layernorm_full_attention_beta',
+                    'mlp_alpha_factor': 'layernorm_mlp_alpha', 'mlp_beta_factor': 'layernorm_mlp_beta'}
+
+
+def _minimax_factor(hf: dict, field: str) -> float:
+  value = hf.get(field, hf.get(_MINIMAX_FACTORS[field], 1))
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    refuse(field, value, 'a finite number')
+  return float(value)
+
+
+def _minimax_plan(hf):
+  """MiniMax-Text-01: Lightning layers and softmax attention (layer_types, or the remote code's attn_type_list of
+  0 = Lightning, 1 = softmax); every block is n = norm(x), h = alpha * n + beta * mixer(n), then the same with the
+  MoE (softmax over all experts, the top k renormalised, SwiGLU experts)."""
+  _silu(hf, 'hidden_act')
+  if hf.get('postnorm') is False:
+    refuse('postnorm', False, "MiniMax's blocks carry the normed residual (postnorm true); the plain residual with "
+           'alpha / beta factors has no hybrid_jax block')
+  n = positive_int(hf, 'num_hidden_layers')
+  if hf.get('layer_types') is not None:
+    kinds = _layer_list(hf, 'layer_types', _MINIMAX_TYPES, n)
+  elif hf.get('attn_type_list') is not None:
+    kinds = _layer_list({'attn_type_list': [{0: 'linear_attention', 1: 'full_attention'}.get(t, t)
+                                            for t in hf['attn_type_list']]}, 'attn_type_list', _MINIMAX_TYPES, n)
+  else:  # transformers' default: softmax on even layers.
+    kinds = ['full' if (i + 1) % 2 else 'lightning' for i in range(n)]
+  heads = positive_int(hf, 'num_attention_heads')
+  head_dim = hf.get('head_dim') or positive_int(hf, 'hidden_size') // heads
+  if hf.get('rotary_dim') not in (None, head_dim):
+    refuse('rotary_dim', hf['rotary_dim'], f"transformers' MiniMax rotates the whole head ({head_dim})")
+  theta, factor = rope(hf, 1.0, default_theta=1000000.0)
+  if factor != 1.0:
+    refuse('partial_rotary_factor', factor, "transformers' MiniMax rotates the whole head (1.0)")
+  window = hf.get('sliding_window')
+  if window is not None:  # transformers gives every softmax layer the window.
+    kinds = ['swa' if k == 'full' else k for k in kinds]
+  fields = _common(hf, kinds, head_dim=head_dim, eps=1e-5)
+  if window is not None:
+    fields['window'] = positive_int(hf, 'sliding_window')
+  factors = {f: _minimax_factor(hf, f) for f in _MINIMAX_FACTORS}
+  fields.update(
+      rope_base=float(theta), rope_full=True, rope_swa=True, scan_layers=False,
+      recurrent_chunk_size=positive_int(hf, 'block_size', 256),  # Its prefill's blocks: the scan's chunks.
+      attention=dict(normed_residual=(factors['full_attn_alpha_factor'], factors['full_attn_beta_factor'])),
+      lightning=dict(num_heads=heads, key_dim=head_dim, value_dim=head_dim, decay_rates='closed_form',
+                     layer_decay=True, layer_decay_eps=1e-5, scale=1.0, norm='all', norm_eps=1e-6,
+                     normed_residual=(factors['linear_attn_alpha_factor'], factors['linear_attn_beta_factor'])),
+      moe=dict(blocks='all', **_experts({'num_local_experts': 8, 'num_experts_per_tok': 2, **hf}, 'num_local_experts',
+                                        'intermediate_size'),
+               router='softmax_topk', norm_topk_prob=True, activation='swiglu',
+               normed_residual=(factors['mlp_alpha_factor'], factors['mlp_beta_factor'])))
+  return fields, bool(hf.get('tie_word_embeddings', False))
+
+
+def _minimax_rules(model_cfg, spec, i):
+  p = f'model.layers.{i}.'
+  a, q = p + 'self_attn.', p + 'block_sparse_moe.'
+  m = lambda name: ('mixer', name)
+  rules = [*block_norm_rules(p, 'input_layernorm', 'post_attention_layernorm'),
+           *moe_rules(('mlp',), q + 'gate.weight', q + 'experts.down_proj', gate_up=q + 'experts.gate_up_proj')]
+  if spec.kind != 'lightning':
+    return rules + attention_rules(a, {})
+  return rules + [  # qkv_proj: per head [q | k | v], head_dim rows each.
+      Rule(a + 'qkv_proj.weight', ((m('wq'), HEADS_IN), (m('wk'), HEADS_IN), (m('wv'), HEADS_IN)), interleave=3),
+      Rule(a + 'output_gate.weight', ((m('wg'), HEADS_IN),)), Rule(a + 'norm.weight', ((m('norm'), FLAT),)),
+      Rule(a + 'out_proj.weight', ((m('wo'), HEADS_OUT),))]
+
+
+def _minimax_decays(model_cfg, spec, i) -> dict:
+  """A Lightning layer's decay buffers as MiniMax's checkpoints store them (slope_rate [H, 1, 1]: its rates;
+  query_decay / key_decay [H, B, 1] and diagonal_decay [1, H, B, B] for its prefill blocks of B = block_size), from
+  the rates the layer computes."""
+  if spec.kind != 'lightning':
+    return {}
+  lc, block = model_cfg.lightning, int(model_cfg.recurrent_chunk_size)
+  rate = np.asarray(lightning.decay_rates(int(lc.num_heads), lc.decay_rates)) * spec.option('decay_scale', 1.0)
+  rate = rate[:, None, None]
+  steps = np.arange(1, block + 1, dtype=np.float64)
+  gap = steps[:, None] - steps[None, :]
+  a = f'model.layers.{i}.self_attn.'
+  return {a + 'slope_rate': rate, a + 'query_decay': np.exp(-rate * steps[:, None]),
+          a + 'key_decay': np.exp(-rate * (block - steps[:, None])),
+          a + 'diagonal_decay': np.where(gap >= 0, np.exp(-rate * np.maximum(gap, 0)), 0.0)[None]}
+
+
 _TOP = {'embed': 'model.embed_tokens.weight', 'final_norm': 'model.norm.weight', 'lm_head': 'lm_head.weight'}
 FAMILIES = {f.model_type: f for f in (
     # Hub checkpoints are Qwen3.5's vision-language model: its text model under model.language_model.
@@ -462,7 +648,7 @@ FAMILIES = {f.model_type: f for f in (
     Family('olmo_hybrid', 'OlmoHybridForCausalLM', _olmo_hybrid_plan, _olmo_hybrid_rules, _TOP),
     Family('nemotron_h', 'NemotronHForCausalLM', _nemotron_h_plan, _nemotron_h_rules,
            {'embed': 'model.embeddings.weight', 'final_norm': 'model.norm_f.weight', 'lm_head': 'lm_head.weight'},
-           prefixes=('backbone.', 'model.'), ignored=('mtp.',), per_expert=_NEMOTRON_EXPERTS),
+           prefixes=('backbone.', 'model.'), ignored=('mtp.',), per_expert=_NEMOTRON_EXPERTS, export_per_expert=True),
     Family('bamba', 'BambaForCausalLM', _bamba_plan, _bamba_rules,
            {**_TOP, 'final_norm': 'model.final_layernorm.weight'}),
     Family('granitemoehybrid', 'GraniteMoeHybridForCausalLM', _granite_hybrid_plan, _granite_hybrid_rules, _TOP),
@@ -470,13 +656,19 @@ FAMILIES = {f.model_type: f for f in (
 # Experts stored one tensor each (per expert: gate, up, down Linear weights), read stacked as the fused layout.
 _QWEN_EXPERTS = (Stacking('gate_up_proj', ('gate_proj.weight', 'up_proj.weight')),
                  Stacking('down_proj', ('down_proj.weight',)))
-# The MoE families read but not written (hf export does not write MoE MLPs yet).
+_MINIMAX_EXPERTS = (Stacking('gate_up_proj', ('w1.weight', 'w3.weight')), Stacking('down_proj', ('w2.weight',)))
+# The families whose classes always have experts (Nemotron-H and Granite-4.0-H, above, may).
 MOE_FAMILIES = {f.model_type: f for f in (
     Family('qwen3_5_moe_text', 'Qwen3_5MoeForCausalLM', _qwen3_5_moe_plan, _qwen3_5_rules, _TOP,
            prefixes=('model.language_model.', 'model.'), ignored=('model.visual.', 'mtp.'), zero_centred=True,
            per_expert=_QWEN_EXPERTS),
     Family('qwen3_next', 'Qwen3NextForCausalLM', _qwen3_next_plan, _qwen3_next_rules, _TOP, ignored=('mtp.',),
-           zero_centred=True, per_expert=_QWEN_EXPERTS),
+           zero_centred=True, per_expert=_QWEN_EXPERTS, export_per_expert=True),
+    Family('gpt_oss', 'GptOssForCausalLM', _gpt_oss_plan, _gpt_oss_rules, _TOP),
+    # transformers' MiniMax class keeps its MoE under mlp. (mlp.gate, stacked mlp.experts.gate_up_proj = [w1; w3]);
+    # MiniMax's releases store block_sparse_moe.gate and one w1 / w2 / w3 per expert: both read.
+    Family('minimax', 'MiniMaxForCausalLM', _minimax_plan, _minimax_rules, _TOP, per_expert=_MINIMAX_EXPERTS,
+           export_per_expert=True, aliases=(('.mlp.', '.block_sparse_moe.'),), derived=_minimax_decays),
 )}
 # Vision-language wrappers: model_type -> its text model's (config.json's text_config; tensors under
 # model.language_model.).

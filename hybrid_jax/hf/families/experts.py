@@ -6,7 +6,8 @@ transformers stacks them at load. Import does the same here, before the rules ru
 tensors becomes one virtual tensor under the fused name (`...experts.gate_up_proj`), so the rules know one layout
 and either checkpoint reads. An expert that is missing or shaped unlike the others is refused naming the tensor;
 a stacked tensor whose expert count or shape differs from config.json is refused by the rules' shape check, naming
-the per-expert tensors it was stacked from.
+the per-expert tensors it was stacked from. Export of such a family splits the stacked tensors again
+(`unstack_per_expert`).
 """
 
 import dataclasses
@@ -86,3 +87,20 @@ def _stack(read, members) -> np.ndarray:
       pieces.append(value)
     rows.append(np.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0])
   return np.stack(rows)
+
+
+def unstack_per_expert(stackings: tuple, tensors: dict) -> dict:
+  """`tensors` with every stacked tensor `{group}.{fused}` [E, rows, ...] of a stacking written one tensor per expert
+  and part, `{group}.{e}.{part}` (each expert's rows cut into equal parts, in order), in place of the stacked one."""
+  fused = {'.' + s.fused: s.parts for s in stackings}
+  out = {}
+  for name, value in tensors.items():
+    suffix = next((f for f in fused if name.endswith('.experts' + f)), None)
+    if suffix is None:
+      out[name] = value
+      continue
+    group, parts = name[:-len(suffix)], fused[suffix]
+    for e, expert in enumerate(value):
+      for part, piece in zip(parts, np.split(expert, len(parts), axis=0)):
+        out[f'{group}.{e}.{part}'] = np.ascontiguousarray(piece)
+  return out

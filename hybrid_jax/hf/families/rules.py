@@ -33,6 +33,9 @@ class Rule:
   in order, each part its share of its own rows (Qwen3.5's q_proj [heads x (query | gate)]; Qwen3-Next's
   in_proj_qkvz [key heads x (q | k | v | z)], whose parts differ in width).
 
+  `alternate`: the parts alternate element by element along `axis` instead of following one another (gpt-oss'
+  gate_up_proj: gate in the even columns, up in the odd ones).
+
   `stored`: the tensor is one fused tensor of the model (`name` is then the module's, not on disk) that the
   checkpoint holds cut into these tensors along axis 0, one per part in a released checkpoint. Import reads them
   concatenated in order, whatever their cut (transformers' own `save_pretrained` cuts OLMo Hybrid's fused q | k | v
@@ -43,10 +46,13 @@ class Rule:
   stored: tuple = ()  # (checkpoint tensor name, ...): one per part
   axis: int = 0
   groups: int = 0  # With `interleave`: blocks along axis 0 (0 = the first part's heads, shapes[0][1]).
+  alternate: bool = False
 
   def __post_init__(self):
     if self.stored and (len(self.stored) != len(self.parts) or self.interleave):
       raise ValueError(f'rule {self.name!r}: a tensor stored cut holds one stored tensor per part, concatenated')
+    if self.alternate and (self.interleave or self.stored):
+      raise ValueError(f'rule {self.name!r}: alternating parts are neither interleaved in blocks nor stored cut')
 
   def hf_shape(self, shapes) -> tuple:
     hf = [transform.hf_shape(shape) for (_, transform), shape in zip(self.parts, shapes)]
@@ -62,6 +68,9 @@ class Rule:
     if len(self.parts) == 1:
       return [y]
     hf = [transform.hf_shape(shape) for (_, transform), shape in zip(self.parts, shapes)]
+    if self.alternate:
+      n = len(self.parts)
+      return [np.take(y, np.arange(j, y.shape[self.axis], n), axis=self.axis) for j in range(n)]
     if self.interleave:
       groups = self._groups(shapes)
       per_group = y.reshape(groups, -1, y.shape[-1])
@@ -72,6 +81,9 @@ class Rule:
   def join(self, pieces, shapes):
     if len(pieces) == 1:
       return pieces[0]
+    if self.alternate:
+      stacked = np.stack(pieces, axis=self.axis + 1)
+      return stacked.reshape(*stacked.shape[:self.axis], -1, *stacked.shape[self.axis + 2:])
     if self.interleave:
       groups = self._groups(shapes)
       return np.concatenate([p.reshape(groups, -1, p.shape[-1]) for p in pieces], axis=1).reshape(
@@ -97,6 +109,12 @@ def attention_rules(p: str, options: dict, *, gate_interleaved=False) -> list[Ru
     rules += [Rule(p + 'q_norm.weight', ((('mixer', 'q_norm'), transform),)),
               Rule(p + 'k_norm.weight', ((('mixer', 'k_norm'), transform),))]
   return rules
+
+
+def attention_bias_rules(p: str) -> list[Rule]:
+  """Biases of the q, k, v and o projections under `p` (gpt-oss): [heads x head_dim] flat, o's [hidden]."""
+  return [Rule(p + 'q_proj.bias', ((('mixer', 'bq'), FLAT),)), Rule(p + 'k_proj.bias', ((('mixer', 'bk'), FLAT),)),
+          Rule(p + 'v_proj.bias', ((('mixer', 'bv'), FLAT),)), Rule(p + 'o_proj.bias', ((('mixer', 'bo'), SAME),))]
 
 
 def mamba_rules(p: str, conv_bias: bool) -> list[Rule]:
@@ -134,6 +152,19 @@ def moe_rules(path: tuple, router: str, down: str, *, gate_up: str | None = None
   if router_bias:
     rules.append(Rule(router_bias, ((m('router_bias'), SAME),)))
   return rules
+
+
+def transposed_expert_rules(path: tuple, q: str) -> list[Rule]:
+  """gpt-oss' MoE under `q`: the router (`router.weight` [E, H] and its logit bias `router.bias` [E]) and experts
+  stored as matrices used as they are, not Linear weights: `experts.gate_up_proj` [E, H, 2I] with gate and up in
+  alternate columns (its bias [E, 2I] alike), `experts.down_proj` [E, I, H] and its bias [E, H]."""
+  m = lambda name: (*path, name)
+  e = q + 'experts.'
+  return [Rule(q + 'router.weight', ((m('router'), TRANSPOSE),)),
+          Rule(q + 'router.bias', ((m('router_logit_bias'), SAME),)),
+          Rule(e + 'gate_up_proj', ((m('gate'), SAME), (m('up'), SAME)), axis=2, alternate=True),
+          Rule(e + 'gate_up_proj_bias', ((m('gate_bias'), SAME), (m('up_bias'), SAME)), axis=1, alternate=True),
+          Rule(e + 'down_proj', ((m('down'), SAME),)), Rule(e + 'down_proj_bias', ((m('down_bias'), SAME),))]
 
 
 def shared_expert_rules(path: tuple, p: str, *, gate='gate_proj.weight', up='up_proj.weight',

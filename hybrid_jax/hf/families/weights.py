@@ -3,7 +3,8 @@
 Import reads every rule's tensor, checks its shape against what the model config implies, splits it into the
 parameters it holds and changes their layout (a fused tensor stored cut into several, OLMo Hybrid's q / k / v convs,
 is read as their concatenation, whatever the cut); a tensor the rules do not name is an error (nothing is dropped
-silently). Export runs the same rules backwards and joins fused tensors again.
+silently). Export runs the same rules backwards and joins fused tensors again. Buffers a family derives from its
+config (MiniMax's Lightning decays) are checked against the config where a checkpoint stores them, and written.
 """
 
 import numpy as np
@@ -26,7 +27,8 @@ def _entries(family, model_cfg):
 
 
 def canonical_names(family, names) -> dict[str, str]:
-  """{name as the rules write it: name in the checkpoint} (Nemotron-H files say backbone. for model.)."""
+  """{name as the rules write it: name in the checkpoint} (Nemotron-H files say backbone. for model.; the family's
+  aliases, such as transformers' MiniMax mlp. for its releases' block_sparse_moe., are read as the rules' names)."""
   out = {}
   for name in names:
     canonical = name
@@ -34,6 +36,8 @@ def canonical_names(family, names) -> dict[str, str]:
       if name.startswith(prefix):
         canonical = 'model.' + name[len(prefix):]
         break
+    for alias, rules_name in family.aliases:
+      canonical = canonical.replace(alias, rules_name)
     out[canonical] = name
   return out
 
@@ -109,8 +113,35 @@ def from_hf(family, read, names, abstract, model_cfg, *, tied: bool) -> dict:
                 in zip(rule.parts, rule.split(y, shapes), shapes)]
     for (path, index), value in zip(targets, pieces):
       params.put(path, index, np.asarray(value, np.float32).astype(get_path(abstract, path).dtype))
+  for name, value in _derived(family, model_cfg).items():
+    if name in names:
+      _check_derived(read, names[name], value)
+      used.add(names[name])
   refuse_unused(stored, used)
   return params.done()
+
+
+def _derived(family, model_cfg) -> dict:
+  """{canonical name: value} of every buffer the family derives from the config."""
+  if family.derived is None:
+    return {}
+  out = {}
+  for i in range(model_cfg.num_layers):
+    out.update(family.derived(model_cfg, pattern.layer_spec(model_cfg, i), i))
+  return out
+
+
+def _check_derived(read, name, value):
+  """A stored buffer must be what the config implies (hybrid_jax computes it; it is not a weight)."""
+  stored = read(name)
+  if tuple(stored.shape) != value.shape:
+    raise HFError(f'tensor {name!r} has shape {tuple(stored.shape)}, but config.json implies {value.shape}')
+  stored = as_float(name, stored, np.float32)
+  if not np.allclose(stored, value, rtol=1e-5, atol=1e-7):
+    gap = float(np.max(np.abs(stored - value)))
+    raise HFError(f'tensor {name!r} differs from the value config.json implies by up to {gap:.3g}: it is computed '
+                  'from the config (layer, layer count, heads, block_size), not learned, and hybrid_jax computes it '
+                  'so')
 
 
 def to_hf(family, params, model_cfg, *, dtype=np.float32) -> dict[str, np.ndarray]:
@@ -125,4 +156,8 @@ def to_hf(family, params, model_cfg, *, dtype=np.float32) -> dict[str, np.ndarra
       tensors.update((name, np.ascontiguousarray(piece.astype(dtype))) for name, piece in zip(rule.stored, pieces))
     else:
       tensors[rule.name] = np.ascontiguousarray(rule.join(pieces, shapes).astype(dtype))
+  derived = _derived(family, model_cfg)
+  tensors.update((name, np.ascontiguousarray(value.astype(dtype))) for name, value in derived.items())
+  if family.export_per_expert:  # One tensor per expert, as the family's released checkpoints store them.
+    tensors = experts.unstack_per_expert(family.per_expert, tensors)
   return tensors

@@ -10,14 +10,18 @@ layers run the XLA implementation, which also returns lse (differentiable by aut
 
 The variants released hybrids use are options of the `model.attention` section (FIELDS), off by default: RMSNorm
 of q and k before RoPE, per head (Qwen3.5) or over all heads at once (OLMo); an output gate o * sigmoid(x W_g) per
-head channel (Qwen3.5); RoPE on the first `rope_dims` channels of each head only (partial RoPE).
+head channel (Qwen3.5); RoPE on the first `rope_dims` channels of each head only (partial RoPE); biases on the q, k,
+v and o projections and YaRN-scaled RoPE (gpt-oss); the block's normed residual (MiniMax: `normed_residual`, read by
+hybrid_jax.models.model.Block).
 """
+
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax import errors, kernels
+from hybrid_jax import config_keys, errors, kernels
 from hybrid_jax.kernels import segments
 from hybrid_jax.kernels.attention import xla as xla_attention
 from hybrid_jax.models import cache as cache_lib
@@ -52,8 +56,16 @@ class Attention(nnx.Module):
       self.k_norm = nnx.Param(jnp.ones((hkv, hd), pdt), logical_axes=('kv_heads', 'head_dim'))
     else:
       self.q_norm = self.k_norm = None
+    if ac.get('bias'):  # gpt-oss: biases on every projection (zero at init).
+      self.bq = nnx.Param(jnp.zeros((hq, hd), pdt), logical_axes=('heads', 'head_dim'))
+      self.bk = nnx.Param(jnp.zeros((hkv, hd), pdt), logical_axes=('kv_heads', 'head_dim'))
+      self.bv = nnx.Param(jnp.zeros((hkv, hd), pdt), logical_axes=('kv_heads', 'head_dim'))
+      self.bo = nnx.Param(jnp.zeros((d,), pdt), logical_axes=('embed',))
+    else:
+      self.bq = self.bk = self.bv = self.bo = None
     self.norm_eps = cfg.norm_eps
     self.rope_dims = int(ac.rope_dims)
+    self.yarn = yarn(ac)
     self.spec = spec
     self.groups = hq // hkv
     self.rope_base = cfg.rope_base
@@ -67,11 +79,13 @@ class Attention(nnx.Module):
   def qkv(self, x, positions):
     """Queries, keys and values [B, T, heads, head_dim] of x as the layer attends with them (RoPE applied)."""
     q, k, v = heads_projections(x, (self.wq[...], self.wk[...], self.wv[...]), self.dtype)
+    if self.bq is not None:
+      q, k, v = (t + b[...].astype(t.dtype) for t, b in ((q, self.bq), (k, self.bk), (v, self.bv)))
     if self.qk_norm != 'none':
       q, k = self._norm(q, self.q_norm), self._norm(k, self.k_norm)
     if self.spec.rope:
-      q = rope(q, positions, base=self.rope_base, dims=self.rope_dims)
-      k = rope(k, positions, base=self.rope_base, dims=self.rope_dims)
+      q = rope(q, positions, base=self.rope_base, dims=self.rope_dims, yarn=self.yarn)
+      k = rope(k, positions, base=self.rope_base, dims=self.rope_dims, yarn=self.yarn)
     return name_heads(q, layers.QUERY), name_heads(k, layers.KEY), name_heads(v, layers.VALUE)
 
   def _norm(self, t, scale):
@@ -87,8 +101,10 @@ class Attention(nnx.Module):
     if self.wgate is not None:
       gate = jax.nn.sigmoid(project_heads(x, self.wgate[...], self.dtype).astype(jnp.float32))
       o = (o.astype(jnp.float32) * gate).astype(self.dtype)
-    return checkpoint_name(jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype)),
-                           layers.MIXER_OUT)
+    y = jnp.einsum('bthk,hkd->btd', o.astype(self.dtype), self.wo[...].astype(self.dtype))
+    if self.bo is not None:
+      y = y + self.bo[...].astype(y.dtype)
+    return checkpoint_name(y, layers.MIXER_OUT)
 
   def __call__(self, x, positions, segment_ids=None):
     q, k, v = self.qkv(x, positions)
@@ -195,6 +211,14 @@ def _attend_one(q, k, v, visible, scale, sinks=None):
   return o.reshape(b, hq, d).astype(q.dtype)
 
 
+def yarn(ac) -> tuple | None:
+  """The YaRN parameters layers.rope takes, from the `model.attention` section (None: plain RoPE)."""
+  if ac.get('rope_scaling', 'none') != 'yarn':
+    return None
+  return (float(ac.yarn_factor), int(ac.yarn_original_positions), float(ac.yarn_beta_fast),
+          float(ac.yarn_beta_slow), bool(ac.yarn_truncate), float(ac.yarn_attention_factor))
+
+
 def kv_groups(spec, kv_heads: int) -> list[tuple[int | None, slice]]:
   """(window or None for full causal, kv-head slice) of each group of KV heads of an attention layer: one group for
   full and SWA layers; for head-wise layers the windowed groups, then the last `full_kv_heads` (the spec's option)
@@ -207,14 +231,15 @@ def kv_groups(spec, kv_heads: int) -> list[tuple[int | None, slice]]:
 
 # ------------------------------------------------------------------------------------------- registry entries
 def attention_params(cfg, spec=None) -> int:
-  """q, k, v, o projections (and the output gate's), one learned sink logit per head when the model has them,
-  and the q/k norms' scales."""
+  """q, k, v, o projections (and the output gate's), their biases if any, one learned sink logit per head when the
+  model has them, and the q/k norms' scales."""
   del spec  # Every attention kind has the same weights.
   ac = cfg.attention
   q_and_o = (3 if ac.output_gate else 2) * cfg.d_model * cfg.num_heads * cfg.head_dim
   k_and_v = 2 * cfg.d_model * cfg.num_kv_heads * cfg.head_dim
   norms = {'none': 0, 'head': 2 * cfg.head_dim, 'all': (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim}
-  return q_and_o + k_and_v + (cfg.num_heads if cfg.get('attention_sinks') else 0) + norms[ac.qk_norm]
+  biases = ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + cfg.d_model) if ac.get('bias') else 0
+  return q_and_o + k_and_v + biases + (cfg.num_heads if cfg.get('attention_sinks') else 0) + norms[ac.qk_norm]
 
 
 def attention_flops(cfg, spec, t: int) -> dict:
@@ -247,10 +272,30 @@ def _check_headwise(cfg, used):
 
 def _check_variants(cfg, used):
   del used
-  dims = cfg.attention.rope_dims
+  ac = cfg.attention
+  dims = ac.rope_dims
   if dims and (dims > cfg.head_dim or dims % 2):
     raise errors.invalid_config('model.attention.rope_dims', dims,
                                 f'must be 0 (the whole head) or an even number <= model.head_dim={cfg.head_dim}')
+  if ac.rope_scaling == 'yarn' and ac.yarn_beta_fast <= ac.yarn_beta_slow:
+    raise errors.invalid_config('model.attention.yarn_beta_fast', ac.yarn_beta_fast,
+                                f'must be above model.attention.yarn_beta_slow={ac.yarn_beta_slow}')
+  if ac.normed_residual and ac.post_norm:
+    raise errors.invalid_config('model.attention.normed_residual', tuple(ac.normed_residual),
+                                'must be () with model.attention.post_norm (a post-norm block norms the outputs)')
+
+
+def normed_residual_field(doc: str) -> registry.Field:
+  """A section's `normed_residual`: () (the block adds the branch to the stream x) or (alpha, beta), finite: the
+  block carries alpha * norm(x) + beta * branch(norm(x)) instead (MiniMax's blocks; hybrid_jax.models.model.Block)."""
+  def check(config, key):
+    found = config_keys.value(config, key)
+    ok = isinstance(found, (tuple, list)) and len(found) in (0, 2) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in found)
+    if not ok:
+      config_keys.fail(key, found, 'must be () or two finite numbers (alpha, beta)')
+    return found
+  return registry.Field((), doc, check)
 
 
 def _check_swa(cfg, used):
@@ -269,6 +314,21 @@ FIELDS = {
                                          'MLP instead of their inputs (OLMo Hybrid).'),
     'rope_dims': registry.nonnegative_int(0, 'RoPE rotates the first rope_dims channels of each head (partial '
                                              'RoPE; frequencies base**(-2i/rope_dims)); 0 = the whole head.'),
+    'bias': registry.boolean(False, 'Biases on the q, k, v and o projections (gpt-oss).'),
+    'rope_scaling': registry.choice('none', ('none', 'yarn'), "'yarn': YaRN's RoPE frequencies (gpt-oss; "
+                                    'layers.yarn_inv_freq, with the yarn_* keys); none = plain RoPE.'),
+    'yarn_factor': registry.Field(32.0, "'yarn': the context extension factor f.",
+                                  lambda c, k: config_keys.number(c, k, positive=True)),
+    'yarn_original_positions': registry.positive_int(4096, "'yarn': the context length L0 RoPE was trained at."),
+    'yarn_beta_fast': registry.Field(32.0, "'yarn': rotations below which frequencies are extrapolated.",
+                                     lambda c, k: config_keys.number(c, k, positive=True)),
+    'yarn_beta_slow': registry.Field(1.0, "'yarn': rotations above which frequencies are interpolated.",
+                                     lambda c, k: config_keys.number(c, k, positive=True)),
+    'yarn_truncate': registry.boolean(True, "'yarn': round the ramp's ends to whole dimensions."),
+    'yarn_attention_factor': registry.nonnegative(0.0, "'yarn': factor on cos and sin; 0 = 1 + 0.1 ln(factor)."),
+    'normed_residual': normed_residual_field(
+        "() or (alpha, beta): an attention layer's block carries alpha * norm(x) + beta * mixer(norm(x)) instead of "
+        'x + mixer(norm(x)) (MiniMax).'),
     'max_documents': registry.positive_int(64, 'Documents per row that cuDNN attention packs (GPU, with documents; '
                                                'docs/KERNELS.md): a call with a row of more runs pallas_gpu. Each '
                                                'costs 4 bytes of saved softmax statistics per token and head.'),

@@ -4,6 +4,11 @@ S_t = exp(-s_h) S_{t-1} + k_t v_t^T, o_t = K^-1/2 S_t^T q_t, through hybrid_jax.
 log decay. Head h of H decays at s_h = 2^(-8(h+1)/H) for every H (MiniMax's Lightning layer and the study's code), so
 heads range from short to long memory; the optional MiniMax factor (the spec's 'decay_scale' option) weakens the
 decay in deeper layers. No RoPE: the decay already encodes distance.
+
+MiniMax-Text-01's layer differs in three options of `model.lightning` (off by default): no K^-1/2 on q.S (`scale`
+1), its output RMSNorm over all heads' channels at once with a scale per channel (`norm='all'`, epsilon `norm_eps`)
+and a layer factor 1 - l/(L-1+e) + e (`layer_decay_eps` e = 1e-5); its block's residual is `normed_residual`
+(hybrid_jax.models.model.Block).
 """
 
 import math
@@ -15,7 +20,7 @@ from flax import nnx
 from hybrid_jax import errors
 from hybrid_jax.models import flops, layers
 from hybrid_jax.models.layers import dtype_of, init_stds, param
-from hybrid_jax.models.mixers import recurrent, registry
+from hybrid_jax.models.mixers import attention, recurrent, registry
 
 DECAY_RATES = ('closed_form', 'alibi_interleaved')  # model.lightning.decay_rates: the series.
 
@@ -58,11 +63,17 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     self.wk = param(rngs, (d, h, k), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.wv = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)
     self.wg = param(rngs, (d, h, v), ('embed', 'heads', 'head_dim'), std=std, dtype=pdt)  # Output gate.
-    self.norm = nnx.Param(jnp.ones((v,), pdt), logical_axes=('head_dim',))  # Shared by the heads.
+    self.norm_all = lc.get('norm', 'head') == 'all'
+    if self.norm_all:  # One scale per channel of every head, the norm over all heads at once (MiniMax).
+      self.norm = nnx.Param(jnp.ones((h, v), pdt), logical_axes=('heads', 'head_dim'))
+    else:
+      self.norm = nnx.Param(jnp.ones((v,), pdt), logical_axes=('head_dim',))  # Shared by the heads.
     self.wo = param(rngs, (h, v, d), ('heads', 'head_dim', 'embed'), std=out_std, dtype=pdt)
     # A plain tuple of Python floats: a static constant of the graph, never trained.
     self.log_decay = tuple(-s * spec.option('decay_scale', 1.0) for s in decay_rates(h, lc.decay_rates))
     self._configure(cfg)
+    self.scale = float(lc.get('scale', 0.0)) or None  # None: the kernels' K^-1/2.
+    self.norm_eps = float(lc.get('norm_eps', 0.0)) or self.eps
 
   def init_state(self, batch: int, max_len: int):
     del max_len  # O(1) in the context length.
@@ -75,10 +86,16 @@ class Lightning(recurrent.DecodeMixin, nnx.Module):
     q, k, v, g = recurrent.project_in(x, (self.wq, self.wk, self.wv, self.wg), dt)
     q, k, v = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v)
     log_decay = jnp.asarray(self.log_decay, jnp.float32)
-    o, scan_state = recurrent.scan(q, k, v, log_decay, state=None if state is None else state['scan'],
-                                   segment_ids=segment_ids, chunk_size=self.chunk_size, implementation=self.implementation)
+    o, scan_state = recurrent.scan(q, k, v, log_decay, scale=self.scale,
+                                   state=None if state is None else state['scan'], segment_ids=segment_ids,
+                                   chunk_size=self.chunk_size, implementation=self.implementation)
     gate = jax.nn.sigmoid(g.astype(jnp.float32))
-    o = (layers.rms_norm(o, self.norm[...], self.eps) * gate).astype(dt)
+    if self.norm_all:
+      flat = o.reshape(*o.shape[:-2], -1)
+      normed = layers.rms_norm(flat, self.norm[...].reshape(-1), self.norm_eps).reshape(o.shape)
+    else:
+      normed = layers.rms_norm(o, self.norm[...], self.norm_eps)
+    o = (normed * gate).astype(dt)
     return recurrent.named_out(jnp.einsum('bthk,hkd->btd', o, self.wo[...].astype(dt))), {'scan': scan_state}
 
 
@@ -94,15 +111,25 @@ FIELDS = {
     'layer_decay': registry.boolean(
         False, "MiniMax layer factor: layer l's decay rates are multiplied by (1 - l/(L-1)). Per-layer constants "
         'differ between repeats of the cycle, so it needs scan_layers=False.'),
+    'layer_decay_eps': registry.nonnegative(0.0, "With layer_decay, the factor is 1 - l/(L-1+eps) + eps (MiniMax's "
+                                            'eps 1e-5: its last layer keeps a small decay).'),
+    'scale': registry.nonnegative(0.0, 'Factor on q.S; 0 = key_dim^-0.5 (MiniMax: 1, no scaling).'),
+    'norm': registry.choice('head', ('head', 'all'), "Output RMSNorm over each head's channels with a scale shared "
+                            "by the heads ('head'), or over all heads' channels with a scale each ('all': MiniMax)."),
+    'norm_eps': registry.nonnegative(0.0, 'Epsilon of the output norm; 0 = model.norm_eps (MiniMax fixes 1e-6).'),
+    'normed_residual': attention.normed_residual_field(
+        "() or (alpha, beta): a Lightning layer's block carries alpha * norm(x) + beta * mixer(norm(x)) instead of "
+        'x + mixer(norm(x)) (MiniMax).'),
 }
 
 
 def lightning_params(cfg, spec=None) -> int:
-  """q, k (d x H x K), v, output gate, out projection (d x H x V each), per-head norm scale (V); the decay rates
-  2^(-8(h+1)/H) are constants, not parameters."""
+  """q, k (d x H x K), v, output gate, out projection (d x H x V each), the norm scale (V, or H x V with
+  norm='all'); the decay rates 2^(-8(h+1)/H) are constants, not parameters."""
   del spec
   lc, d = cfg.lightning, cfg.d_model
-  return d * lc.num_heads * (2 * lc.key_dim + 3 * lc.value_dim) + lc.value_dim
+  norm = lc.value_dim * (lc.num_heads if lc.get('norm', 'head') == 'all' else 1)
+  return d * lc.num_heads * (2 * lc.key_dim + 3 * lc.value_dim) + norm
 
 
 def lightning_flops(cfg, spec, t: int) -> dict:
@@ -115,9 +142,12 @@ def lightning_flops(cfg, spec, t: int) -> dict:
 
 
 def _layer_options(cfg, index):
-  """decay_scale: the MiniMax layer factor on the decay rates (1 when model.lightning.layer_decay is off)."""
-  last = cfg.num_layers - 1
-  return {'decay_scale': 1.0 - index / last if cfg.lightning.layer_decay and last > 0 else 1.0}
+  """decay_scale: the MiniMax layer factor on the decay rates, 1 - l/(L-1+eps) + eps (1 when
+  model.lightning.layer_decay is off)."""
+  last, eps = cfg.num_layers - 1, float(cfg.lightning.get('layer_decay_eps', 0.0))
+  if not cfg.lightning.layer_decay or last + eps <= 0:
+    return {'decay_scale': 1.0}
+  return {'decay_scale': 1.0 - index / (last + eps) + eps}
 
 
 def _validate(cfg, used):

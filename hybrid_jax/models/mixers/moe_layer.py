@@ -11,7 +11,7 @@ from flax import nnx
 from hybrid_jax import config_keys
 from hybrid_jax.errors import invalid_config
 from hybrid_jax.models import moe, moe_routing, pattern
-from hybrid_jax.models.mixers import mlp
+from hybrid_jax.models.mixers import attention, mlp
 from hybrid_jax.models.mixers import registry
 
 
@@ -52,6 +52,8 @@ FIELDS = {
     'top_k': registry.positive_int(2, 'Routed experts per token.'),
     'router': registry.choice('softmax_topk', moe_routing.ROUTERS,
                               "'softmax_topk' | 'topk_softmax' (gpt-oss) | 'sigmoid' (DeepSeek-V3, Nemotron 3)."),
+    'router_logit_bias': registry.boolean(False, 'A learned bias added to the router logits before routing '
+                                          "(gpt-oss); the 'sigmoid' router's selection bias is apart."),
     'norm_topk_prob': registry.boolean(True, "'softmax_topk' and 'sigmoid': renormalise the k weights to sum to 1."),
     'n_group': registry.positive_int(1, "'sigmoid': expert groups of the grouped top-k (1 = no groups)."),
     'topk_group': registry.positive_int(1, "'sigmoid': groups a token may pick its experts from."),
@@ -74,6 +76,9 @@ FIELDS = {
     'capacity_factor': registry.Field(1.25, 'Capacity per expert when dropless is False.', _number(positive=True)),
     'implementation': registry.choice('auto', moe.IMPLEMENTATIONS, "'auto' | 'ragged_dot' (grouped matmul over "
                                       "tokens sorted by expert) | 'dense' (every expert on every token)."),
+    'normed_residual': attention.normed_residual_field(
+        "() or (alpha, beta): the MoE's block carries alpha * norm(x) + beta * MoE(norm(x)) instead of "
+        'x + MoE(norm(x)) (MiniMax).'),
     'aux_loss_coef': registry.nonnegative(0.01, 'Weight of the load-balancing loss (summed over MoE layers).'),
     'z_loss_coef': registry.nonnegative(0.001, 'Weight of the router z-loss (summed over MoE layers).'),
 }
