@@ -8,6 +8,10 @@ list of known ones. Optional arguments size the run:
 - `stage=extend32k,init_from=RUN_DIR[,rope_base=B]`: the context-extension stage: continue from a 16K run's
   newest checkpoint at 32,768 tokens for 5B tokens (or `tokens=`); `rope_base` changes the RoPE base of the
   RoPE layers (NoPE layers have none to change).
+- `experts=E[,top_k=K]`: the arch's MoE twin: every block MLP a mixture of E SwiGLU experts, K (default 2) a
+  token, each expert as wide as makes the active parameters equal the dense run's non-embedding count as nearly as
+  whole widths allow (hybrid_jax.models.moe_matching; docs/MOE_SHAPES.md lists the counts). A budget counts active
+  parameters, so an MoE run trains on the tokens of its dense twin.
 
 Steps = ceil(tokens / (batch_size x seq_len)); warmup is 2% of the steps (at most 1000), checkpoints and evals
 every tenth of the run.
@@ -101,11 +105,12 @@ STAGES = {
     'extend32k': (dict(data=dict(seq_len=32_768), train=dict(lr=3e-4)), 5e9),
 }
 
-_ARGS = ('arch', 'scale', 'budget', 'tokens', 'stage', 'init_from', 'rope_base')
+_ARGS = ('arch', 'scale', 'budget', 'tokens', 'stage', 'init_from', 'rope_base', 'experts', 'top_k')
 
 
 def _parse(arg):
-  usage = (f'arch=NAME,scale=NAME with optional budget=M | tokens=T, stage=NAME, init_from=DIR, rope_base=B '
+  usage = (f'arch=NAME,scale=NAME with optional budget=M | tokens=T, stage=NAME, init_from=DIR, rope_base=B, '
+           f'experts=E[,top_k=K] '
            f'(arches: {", ".join(ARCHES)}; scales: {", ".join(SCALES)}; stages: {", ".join(STAGES)})')
   fields = {'arch': 'swa128_nope', 'scale': 'tiny', **file_arguments(arg, _ARGS, 'hybrid config', usage)}
   if fields['arch'] not in ARCHES:
@@ -120,13 +125,29 @@ def _parse(arg):
     raise ConfigError('hybrid config: init_from / rope_base belong to a stage (e.g. stage=extend32k)')
   if 'stage' in fields and 'init_from' not in fields:
     raise ConfigError(f'stage={fields["stage"]} continues a pretrained run: add init_from=RUN_DIR')
-  for key in ('budget', 'tokens', 'rope_base'):
-    if key in fields:  # Finite and positive: `budget=inf` or `tokens=1e400` would size an endless run.
-      try:
+  if 'top_k' in fields and 'experts' not in fields:
+    raise ConfigError('hybrid config: top_k belongs to an MoE twin: add experts=E')
+  try:
+    for key in ('budget', 'tokens', 'rope_base'):
+      if key in fields:  # Finite and positive: `budget=inf` or `tokens=1e400` would size an endless run.
         fields[key] = float(checks.number(fields[key], f'hybrid config: {key}', positive=True))
-      except InputError as e:
-        raise ConfigError(str(e)) from None
+    for key in ('experts', 'top_k'):
+      if key in fields:
+        fields[key] = int(checks.number(fields[key], f'hybrid config: {key}', integer=True, positive=True))
+  except InputError as e:
+    raise ConfigError(str(e)) from None
+  if fields.get('top_k', 2) > fields.get('experts', 2):
+    raise ConfigError(f'hybrid config: top_k={fields["top_k"]} is invalid: must be at most experts='
+                      f'{fields["experts"]}')
   return fields
+
+
+def _moe_twin(c, experts: int, top_k: int):
+  """Every block MLP an MoE of `experts` SwiGLU experts, `top_k` a token, sized to the dense run's parameters."""
+  from hybrid_jax.models import moe_matching  # pylint: disable=g-import-not-at-top
+  c.model.moe.update(dict(blocks='all', num_experts=experts, top_k=top_k))
+  c.model.moe.expert_d_ff = moe_matching.matched_expert_width(c.model)
+  c.name += f'_e{experts}k{top_k}'
 
 
 def _size_run(c, tokens: float):
@@ -151,10 +172,12 @@ def get_config(arg=None):
       c[section].update(values)
   for mixer, shape in MIXER_SHAPES[scale].items():
     c.model[mixer].update(shape)
+  if 'experts' in fields:
+    _moe_twin(c, fields['experts'], fields.get('top_k', 2))
   tokens = fields.get('tokens')
   if 'budget' in fields:
     from hybrid_jax.models.counting import param_counts  # pylint: disable=g-import-not-at-top
-    tokens = fields['budget'] * param_counts(c.model)['non_embedding']
+    tokens = fields['budget'] * param_counts(c.model)['active_non_embedding']
     c.name += f'_{fields["budget"]:g}n'
   if 'stage' in fields:
     overrides, default_tokens = STAGES[fields['stage']]

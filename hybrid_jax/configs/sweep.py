@@ -9,7 +9,9 @@ Sweeps:
 - `s5`: the seven arches at S5 on ~100B tokens.
 - `variants`: the three design variants (SWA-128-NoPE, 1:3 ratio, head-wise mixing) on the `main` grid.
 - `extension`: the 32K context-extension stage of each S5 run (init_from its 16K run directory).
-- `study`: all of the above.
+- `moe`: the `main` grid's MoE twins (`experts=E,top_k=K` of the config `hybrid`, active parameters matched to the
+  dense runs: docs/MOE_SHAPES.md); `moe,experts=E,top_k=K` picks them (default 8 experts, top 2). Not in `study`.
+- `study`: all of the above but `moe`.
 - `mini`: the mini-study's runs, each arch of `python -m hybrid_jax study` at each seed, under the study's run
   directory names, so `study --out` on the sweep's root only scores them; `mini,preset=NAME,seeds=N` picks the
   preset (default mini) and the seed count (default the preset's, as `study --seeds`), e.g.
@@ -29,8 +31,12 @@ CONFIG = 'hybrid'  # The packaged configs (hybrid_jax/configs/hybrid.py, mini.py
 MINI_CONFIG = 'mini'
 
 
-def _grid(arches):
-  return [f'{CONFIG}:arch={a},scale={s},budget={b}' for a in arches for s in SCALES for b in BUDGETS]
+def _grid(arches, suffix=''):
+  return [f'{CONFIG}:arch={a},scale={s},budget={b}{suffix}' for a in arches for s in SCALES for b in BUDGETS]
+
+
+def _moe(experts='8', top_k='2'):
+  return _grid(ARCHES, f',experts={experts},top_k={top_k}')
 
 
 def _s5(arches):
@@ -62,9 +68,10 @@ SWEEPS = {
     'variants': lambda: _grid(VARIANTS),
     'extension': lambda: _extension(ARCHES + ('swa128_nope',)),
     'mini': _mini,
+    'moe': _moe,
 }
 SWEEPS['study'] = lambda: [r for name in ('main', 'variants', 's5', 'extension') for r in SWEEPS[name]()]
-ARGUMENTS = {'mini': ('preset', 'seeds')}  # Sweeps that take `NAME,KEY=VALUE,...`: their keys.
+ARGUMENTS = {'mini': ('preset', 'seeds'), 'moe': ('experts', 'top_k')}  # Sweeps that take `NAME,KEY=VALUE,...`: their keys.
 
 
 def runs(name: str | None = None) -> list[str]:

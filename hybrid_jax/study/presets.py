@@ -13,7 +13,7 @@ import dataclasses
 from hybrid_jax.analysis import callbacks
 from hybrid_jax.config import CONFIG_DIR, ConfigError, load_config_file, validate
 from hybrid_jax.data import recall as recall_data
-from hybrid_jax.models import pattern
+from hybrid_jax.models import moe_matching, pattern
 from hybrid_jax.models.mixers import registry
 
 # Study label -> (arch in the config `hybrid`, which window its sliding layers use: 'small' | 'middle' | 'large' |
@@ -56,6 +56,9 @@ class Preset:
   eval_documents: int = 128  # Held-out recall documents scored at the end (each holds data.recall.pairs queries).
   model: tuple = ()  # Extra model overrides (key, value).
   mixers: tuple = ()  # Recurrent mixer shapes: (kind, ((field, value), ...)), matched to the attention layer.
+  # model.moe overrides (key, value): every block MLP a mixture of experts, each expert as wide as makes the active
+  # parameters the dense run's (hybrid_jax.models.moe_matching). Empty: dense MLPs.
+  moe: tuple = ()
   train: tuple = ()  # Extra train overrides (key, value).
   lr: float = 3e-3
   eval_batches: int = 2
@@ -217,6 +220,15 @@ PRESETS = {
     # The mini preset's task and heads at a 256-byte context, d_model 128, 4 layers (two cycles, so a
     # sliding layer sits above a full one), 8 records per document, every arch, one seed: sized by arithmetic from
     # the CPU runs for one H200 (not yet measured there; BENCHMARKS.md).
+    # mini with every block MLP a mixture of 8 SwiGLU experts, 2 a token, at the dense runs' active parameters: do
+    # the verdicts survive routing (the released hybrids are MoE)? The default balancing and z losses, as users
+    # train them: without them the router may collapse onto one expert and the test would be of a dense model.
+    'mini-moe': Preset(**{**_MINI, 'steps': 20000,
+                          'train': _OPTIMIZER + (('warmup_steps', 500), ('checkpoint_every', 2500))},
+                       model=_SMALL_MODEL, arches=_ONE_CYCLE_ARCHES, stop_when_formed=True,
+                       dense_probe_every=50, dense_probe_until=2500,
+                       moe=(('num_experts', 8), ('top_k', 2)),
+                       note='2 CPU cores, two runs at a time; MoE block MLPs; until formed, at most 20,000 steps'),
     **{f'load-{load}': Preset(**_LOAD, mixers=_load_mixers(*shape), note=f'until formed, at most 20,000 steps; '
                                  f'fullest training document at load {load}')
        for load, shape in _LOAD_SHAPES.items()},
@@ -251,6 +263,7 @@ DESCRIPTIONS = {
     'mini': 'every one-cycle arch, 64-byte rows; trains until retrieval forms, capped at 20,000 steps',
     'mini-5k': "mini's runs at a fixed 5,000 steps",
     'mini-deep': 'two cycles (a sliding layer above a full one), 5,000 steps',
+    'mini-moe': "mini with MoE block MLPs (8 experts, top 2) at the dense runs' active parameters; until formed",
     **{f'load-{load}': f'GDN, Mamba-2 (controls: SWA-128, Lightning) at load {load} (records per recurrent key '
                        'dimension), 1-7 pairs; until formed' for load in _LOAD_SHAPES},
     'train-high': 'load-1.5 trained in corpus text (loads 0.5-1.5), scored on 1-pair documents; until formed',
@@ -288,6 +301,9 @@ def run_config(label: str, preset: Preset, seed: int = 0):
   c.model.update(dict(preset.model))
   for kind, shape in preset.mixers:
     c.model[kind].update(dict(shape))
+  if preset.moe:
+    c.model.moe.update(dict(blocks='all', **dict(preset.moe)))
+    c.model.moe.expert_d_ff = moe_matching.matched_expert_width(c.model)
   if role is not None:
     c.model.window = preset.window(role)
   if 'headwise' in tuple(c.model.cycle):  # The study's head-wise layers attend fully with half their KV groups.
