@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from hybrid_jax.config import validate
-from hybrid_jax.compile_check import estimate as estimate_lib, fit as compile_check
+from hybrid_jax.compile_check import attention_work, estimate as estimate_lib, fit as compile_check
 from hybrid_jax.models import flops
 from hybrid_jax.parallel import chips, mesh as mesh_lib
 from hybrid_jax.train import state as state_lib, step as step_lib
@@ -80,6 +80,33 @@ def test_the_cli_prints_the_fix_as_flags_that_set_it(monkeypatch, capsys):
   fixed = config_flags.load_config(argv[0].split('=', 1)[1], argv[2:] + advice.split(': add ')[1].split())
   assert fixed.train.grad_accum == 4 and fixed.model.remat == 'minimal' and compile_step(fixed, CPU)['fits']
 
+
+def test_each_attention_layers_computed_work_is_reported(monkeypatch, capsys):
+  """Per attention layer kind and window: splash's block and the pairs it computes per visible pair, from its block
+  tables (S1 swa128 at 16K: 128-blocks at 2x on the windowed layers, 512-blocks on the full ones); head-wise layers
+  report both groups, layers with learned sinks XLA's attention; the command prints it after its table."""
+  work = attention_work.layers(study_config('swa128', 's1').model, 16384)
+  assert [(e['kind'], e['window'], e['layers'], e['kernel'], e['block']) for e in work] == [
+      ('swa', 128, [0, 2, 4, 6, 8], 'splash', 128), ('full', None, [1, 3, 5, 7, 9], 'splash', 512)]
+  assert work[0]['computed_per_visible'] == pytest.approx(2.0, abs=1e-4) and work[0]['visible_pairs'] == 128 * 129 // 2 + (16384 - 128) * 128
+  assert work[1]['computed_per_visible'] == pytest.approx(32 * 33 // 2 * 512**2 / (16384 * 16385 / 2))
+  headwise = attention_work.layers(study_config('swa128_headwise', 's1').model, 16384)
+  assert [(e['window'], len(e['layers']), e['block']) for e in headwise] == [(128, 10, 128), (None, 10, 512)]
+  sinks = study_config('swa128', 's1')
+  sinks.model.attention_sinks = True
+  assert {e['kernel'] for e in attention_work.layers(sinks.model, 16384)} == {'xla'}
+
+  def compile_step(config, target, memory_limit=None):
+    return {'arch': config.model.arch, 'scale': config.model.scale, 'seq_len': config.data.seq_len,
+            'target': target.name, 'chips': 1, 'mesh': {'data': 1}, 'per_chip_batch': 8, 'grad_accum': 1,
+            'compile_s': 0.0, 'fits': True, 'per_device_bytes': {'peak': 1},
+            'attention_work': attention_work.layers(config.model, config.data.seq_len)}
+  monkeypatch.setattr(compile_check, 'compile_step', compile_step)
+  assert compile_check_command.main(['--config=hybrid:arch=swa128,scale=tiny', '--devices=1',
+                                     '--config.data.seq_len=1024']) == 0
+  assert capsys.readouterr().out.splitlines()[-1] == (
+      'attention work on TPU, swa128 tiny T=1024 (splash computes each listed block whole): swa w128 (2 layers): '
+      'block 128, 2.00x the visible pairs; full (2 layers): block 512, 1.50x the visible pairs')
 
 def _full_attention(remat, loss_chunk=0):
   """Two full-attention blocks small enough to count by hand: d 64, 4 query and 2 KV heads of 16, MLP 128,

@@ -2,7 +2,9 @@
 mask block pair by block pair: every array, dtype and shape equal, forward and dkv, over whole rows and query
 chunks, unequal q/kv blocks, windows on and off block edges (and ones whose corner block holds a single visible
 key), window 1, sinks inside and across blocks; the kernel the TPU path builds equals `make_splash_mha`'s for any
-head count; a row attended in query chunks equals the row attended whole and lowers through Mosaic."""
+head count; a row attended in query chunks equals the row attended whole and lowers through Mosaic. The computed
+work read from the tables (every listed block computed whole) against a brute-force count of the dense mask, and
+the block each window gets so that it stays within 2x of the visible pairs."""
 
 import itertools
 import os
@@ -134,3 +136,42 @@ def test_a_chunked_row_compiles_for_tpu_through_mosaic(monkeypatch):
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(spec, spec, spec)
   assert lowered.as_text().count('@tpu_custom_call(') == 3 * (t // 512)
   assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
+
+
+@pytest.mark.parametrize('t,window,sinks', [(1000, None, 0), (1000, 128, 0), (1000, 200, 3), (640, 1, 0),
+                                            (512, 130, 130), (300, 512, 4), (900, 256, 300)])
+def test_computed_work_against_a_brute_force_count_of_the_dense_mask(t, window, sinks):
+  """visible_pairs counts the dense [T, T] mask; the tables' computed pairs are the area of the padded dense mask's
+  blocks that hold a visible pair, forward and dkv, whole and in query chunks."""
+  visible = int(np.asarray(pallas_tpu.SplashMask(0, t, window, sinks)[:, :]).sum())
+  assert splash_tables.visible_pairs(t, window, sinks) == visible
+  for block in (128, 256):
+    tp = -(-t // block) * block
+    dense = np.asarray(pallas_tpu.SplashMask(0, tp, window, sinks)[:, :])
+    n = tp // block
+    area = int(dense.reshape(n, block, n, block).any(axis=(1, 3)).sum()) * block * block
+    for chunk, dkv in itertools.product((None, block, 2 * block), (False, True)):
+      infos = [splash_tables.mask_info(s, min(chunk or tp, tp - s), block, block, window=window, sinks=sinks,
+                                       dkv=dkv) for s in range(0, tp, chunk or tp)]
+      assert splash_tables.computed_pairs(infos, block, block) == area
+      assert splash_tables.work_ratio(t, block, window, sinks, chunk, dkv) == area / visible
+
+
+@pytest.mark.parametrize('t', [16384, 32768])
+def test_blocks_follow_the_window_so_computed_work_stays_within_2x(t):
+  """Windows 128 / 512 / 2048 and full causal compute at most twice their visible pairs (512-blocks at a window of
+  128 computed 8x); sink keys beside a narrow window take the block of least work."""
+  want = {128: (128, 2.0), 512: (512, 2.0), 2048: (512, 1.25), None: (512, 1 + 512 / t)}
+  for window, (block, ratio) in want.items():
+    assert pallas_tpu.block_for(t, window) == block
+    assert splash_tables.work_ratio(t, block, window) == pytest.approx(ratio, rel=1e-3)
+  assert pallas_tpu.block_for(t, 128, 4) == 128 and 2.8 < splash_tables.work_ratio(t, 128, 128, 4) < 2.95
+  assert pallas_tpu.block_for(t, 512, 4) == 256 and splash_tables.work_ratio(t, 256, 512, 4) < 2
+  assert pallas_tpu.block_for(t, t) == pallas_tpu.block_for(t, None)  # A window >= T is full causal.
+  assert pallas_tpu.block_for(200, 128) == 128 and pallas_tpu.block_for(300, None) == 128  # Short rows.
+
+
+def test_an_explicit_block_that_is_no_multiple_of_the_lanes_is_refused():
+  q = jnp.zeros((1, 256, 1, 16), jnp.float32)
+  with pytest.raises(ValueError, match='multiples of 128'):
+    pallas_tpu.attention(q, q, q, block=192)

@@ -43,6 +43,9 @@ def run(args, config):
     for target in targets:
       rows.append(compile_check.check(c, target, memory_limit=limit, find_fit=args.find_fit))
       print(compile_check.table(rows[-1:]).splitlines()[-1], flush=True)
+  from hybrid_jax.compile_check import attention_work
+  for line in dict.fromkeys(filter(None, map(attention_work.line, rows))):  # Once per step, after the table.
+    print(line)
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(rows, indent=2) + '\n')
   tight = [r for r in rows if r.get('fits') is False]

@@ -17,7 +17,7 @@ import time
 
 import jax
 
-from hybrid_jax.compile_check import estimate as estimate_lib
+from hybrid_jax.compile_check import attention_work, estimate as estimate_lib
 from hybrid_jax.parallel import chips, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import optim, state as state_lib, step as step_lib
 
@@ -96,6 +96,7 @@ def compile_step(config, target: Target, memory_limit: float | None = None) -> d
          'batch_size': int(t.batch_size), 'per_chip_batch': int(t.batch_size) / plan.shards,
          'grad_accum': int(t.grad_accum), 'remat': config.model.remat,
          'shard_optimizer': bool(config.parallel.shard_optimizer), 'packing': config.data.get('packing', 'concat')}
+  row['attention_work'] = attention_work.layers(config.model, seq_len)  # Splash's computed work per layer.
   try:
     mesh_lib.check_batch(t, row['mesh'], rules_lib.parse_rules(config.parallel.rules))
   except mesh_lib.MeshError as e:

@@ -3,10 +3,11 @@
 Splash has no scale argument (q is pre-scaled), takes [H, T, D] per example (the batch is vmapped), handles GQA
 itself (q heads a multiple of kv heads) and skips fully masked blocks by static block tables, so a sliding window
 costs O(T*w). The mask (causal, windowed, with sinks: `splash_tables.visible`) is computed inside the kernel from
-the queries' positions; its tables are built in closed form (`splash_tables`). T is zero-padded to a multiple of
-the block (splash needs lane-aligned blocks of 128); pad keys lie in the future of every real query. Rows whose
-tables would outgrow the kernel's scalar memory (causal past 262K tokens) are attended in query chunks, each
-against the keys up to its end. On CPU it runs in Pallas interpret mode (tests only).
+the queries' positions; its tables are built in closed form (`splash_tables`). The block follows the window, so that
+the blocks computed whole hold few masked pairs (`block_for`). T is zero-padded to a multiple of the block (splash
+needs lane-aligned blocks of 128); pad keys lie in the future of every real query. Rows whose tables would outgrow
+the kernel's scalar memory (causal past 262K tokens) are attended in query chunks, each against the keys up to its
+end. On CPU it runs in Pallas interpret mode (tests only).
 """
 
 import functools
@@ -39,10 +40,36 @@ class SplashMask(mask_lib._ComputableMask):  # pylint: disable=protected-access
     return hash((SplashMask, self.key))
 
 
+# The most pairs a block choice may compute per visible pair (`block_for`).
+WORK_BOUND = 2.0
+
+
+@functools.lru_cache(maxsize=256)
+def block_for(t, window=None, sinks=0):
+  """The splash block (square, every kernel: forward, dq, dkv) of a row of t tokens: the largest of 512, 256 and
+  128 (those `config.tpu_blocks` would not shrink away for a short row) whose computed work, the visible blocks'
+  area in the tables (`splash_tables.work_ratio`), is within WORK_BOUND of the visible pairs; where none is (sink
+  keys beside a narrow window add a block to every row), the one of least work. In 512-blocks a window of 128
+  computes two blocks of keys for each query, 8x its visible pairs; in 128-blocks 2x. The forward's and the
+  backward's tables list the same blocks, so every kernel takes the one block."""
+  if window is None or window >= t:
+    window, sinks = None, 0
+  tried = []  # (work ratio, block), largest block first; a long causal row stops at the first.
+  block = config.TPU_BLOCK
+  while block >= config.TPU_LANES:
+    if block < 2 * t or block == config.TPU_LANES:
+      tried.append((splash_tables.work_ratio(t, block, window, sinks), block))
+      if tried[-1][0] <= WORK_BOUND:
+        return block
+    block //= 2
+  return min(tried, key=lambda c: c[0])[1]
+
+
 def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, block=None, interpret=None):
   """Causal (sliding-window) attention via splash; arguments as `hybrid_jax.kernels.attention`.
 
-  block: splash block size (multiple of 128; default from config); interpret: default True off TPU.
+  block: splash block size (a multiple of 128; default `block_for` the row's length, window and sinks); interpret:
+  default True off TPU.
   """
   b, t, hq, d = q.shape
   if interpret is None:
@@ -51,7 +78,7 @@ def attention(q, k, v, *, window=None, scale=None, sinks=0, segment_ids=None, bl
     window, sinks = None, 0
   sinks = min(sinks, t)
   scale = d**-0.5 if scale is None else scale
-  tp, block = config.tpu_blocks(t, block)
+  tp, block = config.tpu_blocks(t, block_for(t, window, sinks) if block is None else block)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - t), (0, 0), (0, 0)]).transpose(0, 2, 1, 3)  # -> [B, H, Tp, D]
   # Splash has no scale: fold it into q in fp32, then back to the input dtype.
   q, k, v = pad((q.astype(jnp.float32) * scale).astype(q.dtype)), pad(k), pad(v)
