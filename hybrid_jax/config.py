@@ -16,7 +16,7 @@ import ml_collections
 from hybrid_jax import checks, config_keys as keys
 from hybrid_jax.data import validation as data_validation
 from hybrid_jax.errors import ConfigError, InputError
-from hybrid_jax.models import validation as model_validation
+from hybrid_jax.models import moe, validation as model_validation
 from hybrid_jax.models.mixers import registry
 from hybrid_jax.parallel import validation as parallel_validation
 from hybrid_jax.user_files import call_file_function, load_python_file
@@ -214,8 +214,29 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   data_validation.validate(c)
   _validate_train(c)
   _validate_eval(c)
+  _validate_experts(c)  # Before the batch's split over the mesh: the expert ways are named first.
   parallel_validation.validate(c)
   return c
+
+
+def _validate_experts(c):
+  """Expert parallelism against the model: the expert ways (within x across slices) must divide the expert count,
+  and need MoE layers to split (on a dense model they would only be data parallelism under another name)."""
+  sizes = (keys.value(c, 'parallel.expert'), keys.value(c, 'parallel.dcn_expert'))
+  if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+    return  # Not a size: hybrid_jax.parallel.validation says so.
+  ici, dcn = sizes
+  if ici * dcn == 1:
+    return
+  key, value = ('parallel.expert', ici) if ici > 1 else ('parallel.dcn_expert', dcn)
+  m = c.model
+  if not moe.layer_count(m):
+    keys.fail(key, value, f"needs MoE layers, and the model has none (model.moe.blocks={m.moe.blocks!r}, no 'moe' "
+              'in model.cycle); use config.parallel.data for data parallelism')
+  if m.moe.num_experts % (ici * dcn):
+    ways = f' (times parallel.dcn_expert={dcn}: {ici * dcn} ways)' if ici > 1 and dcn > 1 else ''
+    keys.fail(key, value, f'must divide model.moe.num_experts={m.moe.num_experts}{ways}: each chip of the expert '
+              "axis holds an equal share of every MoE layer's experts")
 
 
 def _validate_train(c):

@@ -8,7 +8,7 @@ def run(args, config):
   from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
   from hybrid_jax.train import state as state_lib
   ici, dcn = mesh_lib.mesh_shape(config.parallel, args.devices or jax.device_count())
-  shape = {a: ici[a] * dcn[a] for a in mesh_lib.AXES}
+  shape = {a: ici[a] * dcn[a] for a in ici}  # The mesh's axes: 'expert' only when it has several devices.
   _, text = mesh_lib.sharding_report(state_lib.make_model_def(config.model), rules_lib.parse_rules(
       config.parallel.rules), shape)
   print(text)

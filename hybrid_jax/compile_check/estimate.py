@@ -9,9 +9,10 @@ step_s = max(compute_s, memory_s) + collective_s, per chip:
 - collective_s: the bytes each chip sends and receives over the chip-to-chip links (ICI), by ring algorithms: the
   gradient reduction over the axes the parameters are replicated on (batch and sequence) once per step (XLA moves
   it out of the accumulation loop: seen in a compiled v5p step), with FSDP the parameter all-gathers of every
-  micro-batch's forward and backward, and with context parallelism (parallel.sequence) each mixer's exchange along
-  the sequence axis (`sequence_exchange_bytes`), at the chip's bidirectional ICI bandwidth, counted as not
-  overlapped with compute (XLA overlaps some of it). Optimizer-state sharding costs nothing here: its
+  micro-batch's forward and backward, with context parallelism (parallel.sequence) each mixer's exchange along
+  the sequence axis (`sequence_exchange_bytes`), and with expert parallelism (parallel.expert) each MoE layer's
+  gather and reduce-scatter of its tokens (`expert_exchange_bytes`), at the chip's bidirectional ICI bandwidth,
+  counted as not overlapped with compute (XLA overlaps some of it). Optimizer-state sharding costs nothing here: its
   reduce-scatter plus all-gather move what the all-reduce moves. Tensor-parallel activation collectives are not
   counted.
 Kernel efficiency and the smaller matmuls of a micro-batch are not modelled, so fixes that tie here still differ;
@@ -22,25 +23,32 @@ import math
 
 import jax.numpy as jnp
 
-from hybrid_jax.models import flops as flops_lib, pattern
+from hybrid_jax.models import flops as flops_lib, moe, pattern
 from hybrid_jax.models.mixers import attention, registry
 from hybrid_jax.parallel import rules as rules_lib
 
 
-def collective_bytes(param_bytes: float, mesh_shape: dict, accum: int, exchanges: float = 0.0) -> dict:
+def collective_bytes(param_bytes: float, mesh_shape: dict, accum: int, exchanges: float = 0.0, *,
+                     expert_bytes: float = 0.0, expert_exchanges: float = 0.0) -> dict:
   """Bytes each chip sends per step (and receives as many) for the parameters' collectives, by kind, and the
-  sequence axis' exchanges (`exchanges`, from `sequence_exchange_bytes`).
+  sequence axis' exchanges (`exchanges`, from `sequence_exchange_bytes`); with an expert axis, its exchanges too
+  (`expert_exchanges`, from `expert_exchange_bytes`).
 
-  `param_bytes`: all parameters' bytes (the gradients have the same dtype); `mesh_shape`: {'data', 'fsdp',
-  'sequence', 'tensor'} sizes (a missing axis counts 1). The parameters are replicated over 'data' and 'sequence'
-  alike, so the gradient is reduce-scattered over 'fsdp' and all-reduced over data x sequence ((n - 1) / n and
-  2 (n - 1) / n of the bytes per chip); FSDP gathers every weight for each micro-batch's forward and again for its
-  backward. Tensor parallelism splits every weight 'tensor' ways.
+  `param_bytes`: all parameters' bytes (the gradients have the same dtype), of which `expert_bytes` are routed
+  experts' weights; `mesh_shape`: {'data', 'fsdp', 'expert', 'sequence', 'tensor'} sizes (a missing axis counts 1).
+  The parameters are replicated over 'data' and 'sequence' alike, and over 'expert' but for the experts, which it
+  splits; so the gradient is reduce-scattered over 'fsdp' and all-reduced over data x sequence (x expert) ((n - 1) /
+  n and 2 (n - 1) / n of the bytes per chip); FSDP gathers every weight for each micro-batch's forward and again for
+  its backward. Tensor parallelism splits every weight 'tensor' ways.
   """
-  d, f, s, t = (int(mesh_shape.get(a, 1)) for a in ('data', 'fsdp', 'sequence', 'tensor'))
-  local, replicas = param_bytes / t, d * s
-  return {'gradient_reduction': (f - 1) / f * local + 2 * (replicas - 1) / replicas * local / f,
-          'fsdp_gathers': int(accum) * 2 * (f - 1) / f * local, 'sequence_exchanges': exchanges}
+  d, f, e, s, t = (int(mesh_shape.get(a, 1)) for a in ('data', 'fsdp', 'expert', 'sequence', 'tensor'))
+  reduction = lambda local, replicas: (f - 1) / f * local + 2 * (replicas - 1) / replicas * local / f
+  if e == 1:
+    expert_bytes = 0.0  # The experts are replicated like the rest: one term, as before the axis existed.
+  dense, experts = (param_bytes - expert_bytes) / t, expert_bytes / (t * e)
+  sent = {'gradient_reduction': reduction(dense, d * s * e) + reduction(experts, d * s),
+          'fsdp_gathers': int(accum) * 2 * (f - 1) / f * (dense + experts), 'sequence_exchanges': exchanges}
+  return {**sent, 'expert_exchanges': expert_exchanges} if e > 1 else sent
 
 
 def _heads(n: int, tensor: int) -> int:
@@ -101,6 +109,22 @@ def sequence_exchange_bytes(model_cfg, seq_len: int, rows: float, mesh_shape: di
   return total
 
 
+def expert_exchange_bytes(model_cfg, seq_len: int, rows: float, mesh_shape: dict) -> float:
+  """Bytes a chip sends per step (forward and backward; it receives as many) for the MoE layers' exchange over the
+  'expert' axis of e ways (hybrid_jax.parallel.experts), 0 when e = 1. Per MoE layer, for the n = rows x T/s tokens
+  a chip holds per step (all micro-batches), each ring collective over e chips sending (e - 1) n of its rows: the
+  all-gather of the tokens (d_model x b, b the bytes of model.dtype) and of their routing (k x 9: expert ids, float32
+  weights, kept flags), the reduce-scatter of the float32 outputs (d_model x 4), and in the backward their
+  transposes (the tokens' and weights' cotangents reduce-scattered, the outputs' all-gathered):
+  (e - 1) x n x (2 d_model (b + 4) + 13 k). A recomputing remat policy runs the forward's part again (not counted).
+  """
+  e, s = int(mesh_shape.get('expert', 1)), int(mesh_shape.get('sequence', 1))
+  if e == 1:
+    return 0.0
+  d, k, b = int(model_cfg.d_model), int(model_cfg.moe.top_k), jnp.dtype(model_cfg.dtype).itemsize
+  return moe.layer_count(model_cfg) * (e - 1) * rows * seq_len / s * (2 * d * (b + 4) + 13 * k)
+
+
 # Scan kind -> (value heads, K, V, transition elements per head) of the state its shards all-gather.
 _SCAN_STATES = {
     'gdn': lambda c: (c.gdn.value_heads or c.gdn.num_heads, c.gdn.key_dim, c.gdn.value_dim, c.gdn.key_dim ** 2),
@@ -125,8 +149,11 @@ def step_estimate(config, chip, *, chips: int, mesh_shape: dict, param_bytes: fl
   memory_s = (xla_bytes or 0.0) * accum / chip.hbm_bytes_per_s
   batch_axes = rules_lib.parse_rules(config.parallel.rules).get('batch', ())
   rows = int(config.train.batch_size) / math.prod(int(mesh_shape.get(a, 1)) for a in batch_axes)  # Per chip.
+  experts = moe.layer_count(config.model) * moe.routed_params(config.model)
   sent = collective_bytes(param_bytes, mesh_shape, accum,
-                          sequence_exchange_bytes(config.model, seq_len, rows, mesh_shape))
+                          sequence_exchange_bytes(config.model, seq_len, rows, mesh_shape),
+                          expert_bytes=experts * jnp.dtype(config.model.param_dtype).itemsize,
+                          expert_exchanges=expert_exchange_bytes(config.model, seq_len, rows, mesh_shape))
   collective_s = 2 * sum(sent.values()) / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0
   step_s = max(compute_s, memory_s) + collective_s
   ici = (f'{chip.ici_bytes_per_s / 1e9:g} GB/s ICI' if chip.ici_bytes_per_s else 'ICI unknown: collectives not priced')

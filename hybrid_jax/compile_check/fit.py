@@ -7,8 +7,9 @@ FLOPs, accumulation and the mesh's collectives (labelled an estimate everywhere 
 counts a loop body once, not times its trip count, and sees nothing inside Pallas kernels, so its FLOPs are far
 below the step's (the estimate uses the model's) and its bytes are a lower bound. A configuration that does not fit
 gets `recommend`: the changes that trade speed or memory (optimizer-state sharding, remat 'minimal', gradient
-accumulation, full remat, FSDP over every chip, each row split over several chips by context parallelism), each
-compiled, and of those that fit the one with the lowest estimate.
+accumulation, full remat, FSDP over every chip, each row split over several chips by context parallelism, an MoE
+model's experts split over several chips by expert parallelism), each compiled, and of those that fit the one with
+the lowest estimate.
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ import time
 import jax
 
 from hybrid_jax.compile_check import attention_work, estimate as estimate_lib
+from hybrid_jax.models import moe
 from hybrid_jax.parallel import chips, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import optim, state as state_lib, step as step_lib
 
@@ -171,6 +173,9 @@ def _describe(overrides: dict, per_chip: float, config) -> str:
     if key == 'parallel.sequence':
       tokens = int(config.data.seq_len) // (value * int(config.parallel.dcn_sequence))
       note = f' (each row split over {value} chips, {tokens:,} tokens on each)'
+    elif key == 'parallel.expert':
+      num = int(config.model.moe.num_experts)
+      note = f' (each chip holds {num // (value * int(config.parallel.dcn_expert))} of the {num} experts)'
     else:
       note = (f' (micro-batch {rows / value:g} per chip)' if key == 'train.grad_accum' else
               ' (parallel.data=1: params and optimizer state over every chip)' if key == 'parallel.fsdp' else '')
@@ -203,11 +208,33 @@ def _sequence_splits(config, per_chip: float, ici_data: int) -> list[dict]:
   return out
 
 
+def _expert_splits(config, ici_data: int) -> list[dict]:
+  """Expert parallelism as a memory fix for a model with MoE layers: e = 2, 4, ... of the data ways within a slice
+  become expert ways, while e divides them and the expert count, so each chip holds 1/e of every MoE layer's
+  experts, their gradients and optimizer state; the batch keeps its split (over data x expert) and no FLOPs are
+  added, only the exchange of each MoE layer. None when the rules do not split the experts and the batch over
+  'expert', or the batch is not split over 'data'."""
+  p = config.parallel
+  rules = rules_lib.parse_rules(p.rules)
+  batch = rules.get('batch', ())
+  if not (moe.layer_count(config.model) and 'expert' in rules.get('expert', ()) and {'data', 'expert'} <= set(batch)):
+    return []
+  ways, num = int(p.expert) * int(p.dcn_expert), int(config.model.moe.num_experts)
+  out, e = [], 2
+  while ici_data % e == 0 and num % (ways * e) == 0:
+    change = {} if int(p.data) == -1 else {'parallel.data': ici_data // e}  # -1 takes what the others leave.
+    out.append({**change, 'parallel.expert': int(p.expert) * e})
+    e *= 2
+  return out
+
+
 def candidates(config, per_chip: float, data_ways: int, ici_data: int | None = None) -> list[dict]:
   """The changes that make a step need less memory per chip, as config overrides, those that change least first
   (compile-check's order for ties): optimizer state over the data-parallel chips, remat 'minimal', both; FSDP over
-  every chip, alone and with 'minimal' (offered to steps without remat); gradient accumulation (2 alone, then each
-  power of two up to one sequence per chip with the cheap changes, then with FSDP); each row split over more chips
+  every chip, alone and with 'minimal' (offered to steps without remat); the experts of a model with MoE layers
+  split over 2, 4, ... of the data ways (`_expert_splits`: no FLOPs, an exchange per MoE layer); gradient
+  accumulation (2 alone, then each power of two up to one sequence per chip with the cheap changes, then with
+  FSDP); each row split over more chips
   (`_sequence_splits`, the fewest alone, then each with the cheap changes; offered where accumulation reaches one
   row per chip or the batch has fewer rows than batch shards: it costs exchanges every layer, and at the same
   micro-batch tokens saves nothing); then remat 'recompute_mlp', then full remat, each with the sharded optimizer
@@ -235,6 +262,7 @@ def candidates(config, per_chip: float, data_ways: int, ici_data: int | None = N
   # The sharded optimizer over what data ways a split leaves (none left: nothing to shard over).
   shard_of = lambda split: shard if data_ways * ways // split['parallel.sequence'] > 1 else {}
   out = [shard, minimal, {**shard, **minimal}, fsdp, fsdp and {**fsdp, **minimal}]
+  out += _expert_splits(config, ici_data or data_ways)
   out += [{'train.grad_accum': steps[0]}] if steps else []
   out += [{**shard, **minimal, 'train.grad_accum': a} for a in steps]
   # FSDP also shards the parameters: with accumulation it can fit where the sharded optimizer with accumulation is
@@ -380,13 +408,17 @@ def _ici_note(est: dict) -> str:
 
 def table(rows: list[dict]) -> str:
   """A Markdown table, one line per (run, target). A row split over several chips (parallel.sequence) shows its
-  batch per chip as rows of T/n tokens, and a fix that splits rows says so in the fix column (sequence=n)."""
-  head = (f"| arch | scale | T | target | chips | mesh ({'/'.join(mesh_lib.AXES)}) | batch/chip | fits | "
+  batch per chip as rows of T/n tokens, and a fix that splits rows says so in the fix column (sequence=n). A mesh
+  with an expert axis names it in its cell ('2/1/1/1, expert 4')."""
+  # The header comes before the rows compile: the expert axis is named in the cells of the rows that use it.
+  axes = [a for a in mesh_lib.AXES if a not in mesh_lib.OPTIONAL_AXES]
+  head = (f"| arch | scale | T | target | chips | mesh ({'/'.join(axes)}) | batch/chip | fits | "
           'peak GB / HBM GB | compile s | XLA TFLOP/chip | XLA GB accessed/chip | est. step s (bound) | est. tok/s | '
           'fix |')
   lines = [head, '|' + '---|' * head.count(' | ') + '---|']
   for r in rows:
-    mesh = '/'.join(str(r['mesh'].get(a, 1)) for a in mesh_lib.AXES)  # Rows from before an axis existed: 1 way.
+    mesh = '/'.join(str(r['mesh'].get(a, 1)) for a in axes)  # Rows from before an axis existed: 1 way.
+    mesh += ''.join(f', {a} {r["mesh"][a]}' for a in mesh_lib.OPTIONAL_AXES if r['mesh'].get(a, 1) > 1)
     split = r['mesh'].get('sequence', 1)
     est = r.get('estimate') or (r.get('fix') or {}).get('estimate')  # A step that needs its fix: the fixed one.
     bound = est and (est['bound'] + _ici_note(est) + ('' if r.get('estimate') else ', with the fix'))

@@ -228,11 +228,16 @@ def get_config(arg=None):
   e.batches = 8  # Packed held-out batches for the final held-out loss (packed_loss, what training optimises).
 
   # -------------------------------------------------------------------------------------------- parallel
-  # Device mesh ('data', 'fsdp', 'sequence', 'tensor') and how logical axes map onto it (see hybrid_jax.parallel). The
-  # defaults give pure data parallelism over every device, which is also right for a single CPU or GPU.
+  # Device mesh ('data', 'fsdp', 'expert', 'sequence', 'tensor') and how logical axes map onto it (see
+  # hybrid_jax.parallel). The defaults give pure data parallelism over every device, which is also right for a single
+  # CPU or GPU.
   p = c.parallel = ml_collections.ConfigDict()
   p.data = -1  # Data-parallel ways (replicated params); -1 = the devices the other axes leave.
   p.fsdp = 1  # Fully-sharded data-parallel ways: params and optimizer state split over this axis too.
+  # Expert-parallel ways (models with MoE layers; docs/MOE.md): each chip holds model.moe.num_experts / ways of every
+  # MoE layer's experts, and the batch is split over this axis too, so the other layers run data-parallel on it.
+  # Must divide model.moe.num_experts; not -1.
+  p.expert = 1
   # Sequence (context) parallel ways: every row's tokens split into this many contiguous shards, one per chip,
   # each mixer exchanging what its math needs (hybrid_jax.parallel.sequence); data.seq_len must divide by it.
   p.sequence = 1
@@ -241,11 +246,12 @@ def get_config(arg=None):
   p.shard_optimizer = False
   p.dcn_data = 1  # Multislice: data-parallel ways across slices (over the data-center network); -1 = the rest.
   p.dcn_fsdp = 1  # Multislice: FSDP ways across slices (rarely worth the slow network).
+  p.dcn_expert = 1  # Multislice: expert ways across slices (keep 1: its exchange is every MoE layer's).
   p.dcn_sequence = 1  # Multislice: sequence ways across slices (keep 1: its exchanges are every layer's).
   p.dcn_tensor = 1  # Multislice: tensor ways across slices (keep 1: tensor parallelism needs fast links).
   # Logical axis -> comma-separated mesh axes ('' = replicated). One tensor may not use a mesh axis twice.
   r = p.rules = ml_collections.ConfigDict()
-  r.batch = 'data,fsdp'  # Batch dimension of inputs and activations.
+  r.batch = 'data,fsdp,expert'  # Batch dimension of inputs and activations.
   r.seq = 'sequence'  # Sequence positions (split only when parallel.sequence > 1).
   r.embed = 'fsdp'  # Residual width: the FSDP split of every matrix.
   r.heads = 'tensor'  # Query heads.
@@ -255,7 +261,7 @@ def get_config(arg=None):
   r.vocab = 'tensor'  # Vocabulary rows of the embedding and LM head.
   r.state = ''  # Recurrent state width.
   r.layers = ''  # Leading axis of scanned layer cycles.
-  r.expert = ''  # Leading axis of stacked MoE expert weights (replicated until expert parallelism exists).
+  r.expert = 'expert'  # Leading axis of stacked MoE expert weights (and of the router's output).
   # Multi-host start-up (jax.distributed); ignored by a single process.
   dist = p.distributed = ml_collections.ConfigDict()
   # 'auto': initialize when the environment names a cluster (TPU VM pod, SLURM, HYBRID_JAX_COORDINATOR);

@@ -1,9 +1,10 @@
 """The mixture-of-experts MLP: a router picks k of E expert MLPs per token; optional shared experts see every token.
 
 Why it looks as it does:
-- Expert weights are stacked [E, ...] under the logical axis 'expert', so a later `expert` mesh axis can split
-  them (hybrid_jax.parallel.rules; replicated until then), and the routing (hybrid_jax.models.moe_routing) is apart
-  from the experts' computation, so expert parallelism can move tokens between the two.
+- Expert weights are stacked [E, ...] under the logical axis 'expert', so the `expert` mesh axis splits them
+  (expert parallelism, hybrid_jax.parallel.experts), and the routing (hybrid_jax.models.moe_routing) is apart from
+  the experts' computation, so the tokens can move between the two: each device routes its own tokens, and computes
+  its own experts for its expert group's.
 - Dropless by default: every (token, expert) assignment is computed. The N * k assignments are sorted by expert,
   the group sizes counted, and each expert matmul is one `jax.lax.ragged_dot` over the sorted rows
   (implementation 'ragged_dot'); 'dense' runs every expert on every token and weights the outputs (the reference
@@ -28,7 +29,7 @@ from jax.ad_checkpoint import checkpoint_name
 from hybrid_jax.kernels import platform
 from hybrid_jax.models import layers, moe_routing
 from hybrid_jax.models.layers import dtype_of, param
-from hybrid_jax.parallel import activations
+from hybrid_jax.parallel import experts as experts_lib
 
 IMPLEMENTATIONS = ('auto', 'ragged_dot', 'dense')
 # 'auto' per platform: the grouped matmul everywhere for now. A Pallas grouped matmul (tokamax's ragged_dot, the
@@ -68,6 +69,14 @@ def is_moe_block(cfg, index: int) -> bool:
   if moe.blocks == 'every':
     return (index + 1) % int(moe.every) == 0
   return index % len(tuple(cfg.cycle)) in tuple(moe.cycle_positions)
+
+
+def layer_count(cfg) -> int:
+  """How many layers have an MoE: block MLPs (model.moe.blocks) and 'moe' layers of model.cycle."""
+  if 'moe' not in cfg:  # A config from before the section existed.
+    return 0
+  cycle = tuple(cfg.cycle)
+  return sum(is_moe_block(cfg, i) or cycle[i % len(cycle)] == LAYER_KIND for i in range(cfg.num_layers))
 
 
 def _activate(kind: str, gate, up, limit: float, alpha: float):
@@ -156,37 +165,44 @@ class MoE(nnx.Module):
     expert_weights = tuple(None if w is None else w[...].astype(dt) for w in
                            (self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias))
     # Sorting tokens by expert is local to each device's tokens: a sort over the whole batch would gather every
-    # token onto every device. The capacity, when there is one, is then per device, as in Switch Transformer.
-    tokens = _TOKEN_AXES[:len(lead)]
-    y, dropped = activations.shard_local(
-        self._dispatch, (x.astype(dt), experts, weights) + expert_weights,
-        ((*tokens, None),) * 3 + tuple(None if w is None else (None,) * w.ndim for w in expert_weights),
-        ((*tokens, None), tokens))
+    # token onto every device. The capacity, when there is one, is then per device, as in Switch Transformer. With
+    # the experts split over the 'expert' mesh axis, each device computes its experts for its expert group's tokens.
+    y, dropped = experts_lib.local(self._dispatch, (x.astype(dt), experts, weights), _TOKEN_AXES[:len(lead)],
+                                   expert_weights, (1, 0))
     if self.shared_up is not None:
       y = y + self._shared(x.astype(dt))
     stats = moe_routing.statistics(logits.reshape(-1, self.num_experts), routing, self.num_experts, jnp.sum(dropped))
     return y.astype(dt), stats
 
-  def _dispatch(self, x, experts, weights, *expert_weights, shards):
+  def _dispatch(self, x, experts, weights, *expert_weights, split):
     """(sum over each token's experts of weight x expert(x) [..., d] in float32, assignments dropped per token
-    [...]) of this device's tokens."""
-    del shards  # Tokens are independent: nothing to exchange across a split sequence.
+    [...]) of this device's tokens; `split` (hybrid_jax.parallel.experts.Split): this device holds only some
+    experts, and computes them for its expert group's tokens."""
     lead = x.shape[:-1]
     x, experts, weights = x.reshape(-1, x.shape[-1]), experts.reshape(-1, experts.shape[-1]), weights.reshape(
         -1, weights.shape[-1])
     n, k = experts.shape
-    flat = experts.reshape(-1)
     if self.capacity_factor is None:
-      keep = jnp.ones(flat.shape, bool)
-    else:
-      keep = _within_capacity(flat, self.num_experts, math.ceil(self.capacity_factor * n * k / self.num_experts))
-    weights = weights * keep.reshape(n, k)
+      keep = jnp.ones((n, k), bool)
+    else:  # Decided where the tokens are, so a split of the experts drops what one device would.
+      keep = _within_capacity(experts.reshape(-1), self.num_experts,
+                              math.ceil(self.capacity_factor * n * k / self.num_experts)).reshape(n, k)
+    dropped = k - jnp.sum(keep, axis=-1)
+    local = self.num_experts
+    if split is not None:  # The group's assignments to this device's experts [first, first + local).
+      local = expert_weights[1].shape[0]
+      first = split.first(local)
+      x, experts, weights, keep = (split.tokens(a) for a in (x, experts, weights, keep))
+      keep = keep & (experts >= first) & (experts < first + local)
+      experts = jnp.where(keep, experts - first, 0)
+    weights = weights * keep
     expert = functools.partial(_expert_mlp, self.activation, self.limit, self.alpha, *expert_weights)
     if implementation(self.implementation) == 'dense':
-      y = _dense(expert, x, experts, weights, self.num_experts)
+      y = _dense(expert, x, experts, weights, local)
     else:
-      y = _grouped(expert, x, flat, keep, weights, self.num_experts)
-    dropped = k - jnp.sum(keep.reshape(n, k), axis=-1)
+      y = _grouped(expert, x, experts.reshape(-1), keep.reshape(-1), weights, local)
+    if split is not None:
+      y = split.outputs(y)
     return y.reshape(*lead, -1), dropped.reshape(lead).astype(jnp.float32)
 
   def _shared(self, x):
@@ -257,12 +273,21 @@ def update_router_bias(module: MoE, stats: dict, rate: float) -> None:
 
 
 # ------------------------------------------------------------------------------------------- counts and FLOPs
+def _per_expert(cfg) -> int:
+  d, f = int(cfg.d_model), expert_width(cfg)
+  return EXPERT_MLPS[str(cfg.moe.activation)] * d * f + (2 * f + d if cfg.moe.activation == 'swiglu_oai' else 0)
+
+
+def routed_params(cfg) -> int:
+  """Parameters of one MoE MLP's E routed experts: what the 'expert' mesh axis splits."""
+  return int(cfg.moe.num_experts) * _per_expert(cfg)
+
+
 def params(cfg) -> dict:
   """{'total', 'active'} parameters of one MoE MLP; active = what one token uses (router, k experts, shared)."""
   moe = cfg.moe
-  e, k, d, f = int(moe.num_experts), int(moe.top_k), int(cfg.d_model), expert_width(cfg)
-  mats = EXPERT_MLPS[str(moe.activation)]
-  per_expert = mats * d * f + (2 * f + d if moe.activation == 'swiglu_oai' else 0)
+  e, k, d = int(moe.num_experts), int(moe.top_k), int(cfg.d_model)
+  per_expert = _per_expert(cfg)
   fs = shared_width(cfg)
   shared = (2 if moe.activation == 'relu2' else 3) * d * fs + (d if fs and moe.shared_expert_gate else 0)
   router = d * e + (e if moe.router == 'sigmoid' else 0) + (e if moe.get('router_logit_bias') else 0)

@@ -1,8 +1,11 @@
 """The device mesh from `config.parallel`, and NamedShardings for params, optimizer state and batches.
 
-Mesh axes are always ('data', 'fsdp', 'sequence', 'tensor'); a size of -1 takes the devices the others leave. For multislice
-(several TPU slices joined by the data-center network) the `dcn_*` sizes give the across-slice shape and the
-plain sizes the within-slice shape; the mesh is their product. The same code yields a (1, 1, 1) mesh on one CPU.
+Mesh axes are ('data', 'fsdp', 'expert', 'sequence', 'tensor'); a size of -1 takes the devices the others leave.
+For multislice (several TPU slices joined by the data-center network) the `dcn_*` sizes give the across-slice
+shape and the plain sizes the within-slice shape; the mesh is their product. The same code yields a (1, 1, 1, 1)
+mesh on one CPU. The 'expert' axis is in the mesh only when it has more than one device: a run without expert
+parallelism keeps the four axes it always had, so its recorded mesh, reports and shardings are unchanged (the
+rules skip an axis the mesh lacks, as one of size 1).
 """
 
 import dataclasses
@@ -19,6 +22,7 @@ from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import rules as rules_lib
 
 AXES = rules_lib.MESH_AXES
+OPTIONAL_AXES = ('expert',)  # Left out of the mesh at one device (within and across slices).
 
 
 class MeshError(UserError, ValueError):
@@ -41,13 +45,14 @@ def _resolve(sizes: dict, total: int, what: str) -> dict:
 
 def mesh_shape(parallel_cfg, num_devices: int, num_slices: int = 1) -> tuple[dict, dict]:
   """(within-slice sizes, across-slice sizes) as {'data': n, 'fsdp': n, 'sequence': n, 'tensor': n}, with -1
-  resolved."""
+  resolved, and 'expert': n in both when the expert axis has more than one device."""
   p = parallel_cfg
   dcn = _resolve({a: int(p[f'dcn_{a}']) for a in AXES}, num_slices, 'config.parallel.dcn_*')
   if num_devices % num_slices:
     raise MeshError(f'{num_devices} devices do not split into {num_slices} equal slices')
   ici = _resolve({a: int(p[a]) for a in AXES}, num_devices // num_slices, 'config.parallel.{' + ','.join(AXES) + '}')
-  return ici, dcn
+  unused = [a for a in OPTIONAL_AXES if ici[a] * dcn[a] == 1]
+  return ({a: n for a, n in ici.items() if a not in unused}, {a: n for a, n in dcn.items() if a not in unused})
 
 
 def _num_slices(devices) -> int:
@@ -55,19 +60,21 @@ def _num_slices(devices) -> int:
 
 
 def make_mesh(parallel_cfg, devices=None) -> Mesh:
-  """The ('data', 'fsdp', 'sequence', 'tensor') mesh over `devices` (default: all devices of all processes)."""
+  """The ('data', 'fsdp', ['expert',] 'sequence', 'tensor') mesh over `devices` (default: all devices of all
+  processes)."""
   devices = list(jax.devices() if devices is None else devices)
   slices = _num_slices(devices)
   ici, dcn = mesh_shape(parallel_cfg, len(devices), slices)
-  auto = (AxisType.Auto,) * len(AXES)  # Classic GSPMD: shardings come from jit's in/out shardings.
+  axes = tuple(ici)
+  auto = (AxisType.Auto,) * len(axes)  # Classic GSPMD: shardings come from jit's in/out shardings.
   if slices > 1:
     from jax.experimental import mesh_utils
-    arr = mesh_utils.create_hybrid_device_mesh([ici[a] for a in AXES], [dcn[a] for a in AXES], devices)
-    return Mesh(arr, AXES, axis_types=auto)
-  shape = [ici[a] * dcn[a] for a in AXES]
+    arr = mesh_utils.create_hybrid_device_mesh([ici[a] for a in axes], [dcn[a] for a in axes], devices)
+    return Mesh(arr, axes, axis_types=auto)
+  shape = [ici[a] * dcn[a] for a in axes]
   if devices == list(jax.devices()):
-    return jax.make_mesh(shape, AXES, axis_types=auto)
-  return Mesh(_device_array(shape, devices), AXES, axis_types=auto)
+    return jax.make_mesh(shape, axes, axis_types=auto)
+  return Mesh(_device_array(shape, devices), axes, axis_types=auto)
 
 
 _FALLBACK_CAUSES_REPORTED = set()
@@ -181,14 +188,14 @@ def train_shardings(model_def, tx, mesh: Mesh, rules: dict, shard_optimizer: boo
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
   state = {'step': replicated, 'params': p_shardings,
            'opt_state': _opt_state_shardings(abstract_opt, abstract_params, p_shardings, replicated, shard_optimizer)}
-  batch_axes = tuple(a for a in rules.get('batch', ()) if mesh.shape[a] > 1)
+  batch_axes = tuple(a for a in rules.get('batch', ()) if mesh.shape.get(a, 1) > 1)
   batch = NamedSharding(mesh, P(batch_axes or None))
   return TrainShardings(mesh, state, batch, replicated, rules)
 
 
 def batch_shards(mesh: Mesh, rules: dict) -> int:
   """How many ways the batch dimension is split (train.batch_size must be a multiple)."""
-  return math.prod(mesh.shape[a] for a in rules.get('batch', ()))
+  return math.prod(mesh.shape.get(a, 1) for a in rules.get('batch', ()))
 
 
 def check_batch(train_cfg, mesh_shape_: dict, rules: dict) -> None:
@@ -204,7 +211,7 @@ def check_batch(train_cfg, mesh_shape_: dict, rules: dict) -> None:
     raise MeshError(f'config.train.batch_size={train_cfg.batch_size}{accum} gives {rows} rows a step, which do not '
                     f'split over the {ways} batch shards of the mesh ({split}): use a batch of a multiple of '
                     f'{ways * max(1, train_cfg.grad_accum)} rows (e.g. {fits}) or fewer data-parallel ways '
-                    '(config.parallel.data / fsdp)')
+                    '(config.parallel.data / fsdp / expert)')
 
 
 def check_sequence(seq_len: int, mesh_shape_: dict, rules: dict) -> None:
@@ -260,7 +267,8 @@ def sharding_report(model_def, rules: dict, mesh_shape_: dict) -> tuple[list[dic
     flags = [f'not split: {u}' for u in p.layout.unsplit]
     if split == 1 and devices > 1:
       options = [f'{logical}->{a}' for dim, logical in zip(p.shape, p.logical_axes)
-                 for a in AXES if logical and a not in used and mesh_shape_[a] > 1 and dim % mesh_shape_[a] == 0]
+                 for a in AXES if logical and a not in used and mesh_shape_.get(a, 1) > 1
+                 and dim % mesh_shape_[a] == 0]
       if options:
         flags.append('replicated; could shard ' + ', '.join(options[:3]))
     size = math.prod(p.shape)

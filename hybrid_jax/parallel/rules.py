@@ -11,7 +11,9 @@ import dataclasses
 
 from hybrid_jax.errors import UserError
 
-MESH_AXES = ('data', 'fsdp', 'sequence', 'tensor')  # Outer to inner: the inner axes get the nearest chips.
+# Outer to inner: the inner axes get the nearest chips. The batch's axes (data, fsdp, expert) come first, so each
+# host holds one contiguous block of rows; 'expert' sits inside them since its exchange runs every MoE layer.
+MESH_AXES = ('data', 'fsdp', 'expert', 'sequence', 'tensor')
 LOGICAL_AXES = ('batch', 'seq', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'vocab', 'state', 'layers', 'expert')
 
 

@@ -1,5 +1,6 @@
 """The parallel section of a run config (config.parallel), checked by the layer that builds meshes: the mesh
-sizes, the logical-axis rules (names, mesh axes) and the batch against the mesh's fixed batch split."""
+sizes, the logical-axis rules (names, mesh axes) and the batch against the mesh's fixed batch split. The expert
+axis against the model (MoE layers, their expert count) is checked above, in hybrid_jax.config."""
 
 from hybrid_jax import config_keys as keys
 from hybrid_jax.errors import ConfigError
@@ -14,6 +15,8 @@ def validate(c) -> None:
     for axis in rules_lib.MESH_AXES:
       key = f'parallel.{prefix}{axis}'
       value = keys.value(c, key)
+      if axis == 'expert' and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        keys.fail(key, value, 'must be a positive integer (its ways must divide model.moe.num_experts: no -1)')
       if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and value != -1):
         keys.fail(key, value, 'must be a positive integer or -1 (the devices the other axes leave)')
       free += [key] if value == -1 else []
