@@ -1,7 +1,7 @@
 """`python -m hybrid_jax analyze <tool> --workdir RUN [options]`: the mechanistic analyses of a trained run.
 
-Tools: retrieval-heads, tracing, tracing-overlay, restriction, probing, gradient-influence. Each writes JSON and a
-PNG into `<workdir>/analysis/` (or --out) and prints the JSON path and a one-line summary.
+Tools: retrieval-heads, tracing, tracing-overlay, restriction, probing, gradient-influence, routing. Each writes
+JSON and a PNG into `<workdir>/analysis/` (or --out) and prints the JSON path and a one-line summary.
 """
 
 import sys
@@ -81,11 +81,16 @@ def _parser() -> parsing.ArgumentParser:
                  help='tokens per document (default: data.seq_len)')
   p.add_argument('--samples', type=checks.POSITIVE_INT, default=16, help='documents averaged')
   p.add_argument('--last', type=checks.POSITIVE_INT, default=20, help='positions averaged in s')
+
+  p = tool('routing', 'MoE models: the experts the needle and the answer-producing tokens use, against the rest.')
+  needle_args(p, 'niah_single_1')
+  p.add_argument('--draws', type=checks.POSITIVE_INT, default=200,
+                 help='random control subsets that give the chance level of each distance')
   return parser
 
 
 def _dispatch(args) -> dict:
-  from hybrid_jax.analysis import gradient_influence, probing, restriction, retrieval_heads, tracing
+  from hybrid_jax.analysis import gradient_influence, probing, restriction, retrieval_heads, routing, tracing
   from hybrid_jax.train.runs import load_run
   progress = not args.no_progress
   common = dict(out=args.out, batch_size=args.batch_size)
@@ -107,6 +112,9 @@ def _dispatch(args) -> dict:
                            niah_source=args.source, niah_samples=args.samples, niah_length=args.length,
                            seed=args.seed, longppl_texts=args.longppl_texts, longppl_spans=args.longppl_spans,
                            progress=progress, **common)
+  if args.tool == 'routing':
+    return routing.run(run, source=args.source, num_samples=args.samples, length=args.length, seed=args.seed,
+                       draws=args.draws, out=args.out)
   if args.tool == 'probing':
     return probing.run(run, num_samples=args.samples, length=args.length, haystack=args.haystack, seed=args.seed,
                        progress=progress, **common)
@@ -124,13 +132,17 @@ def _summary(tool, result) -> str:
     return f"best residual probe accuracy {max(result['residual']):.3f} (chance {result['chance']:.3f})"
   if tool == 'gradient-influence':
     return f"G(1) = {result['G'][0]:.4g}, G({result['context']}) = {result['G'][-1]:.4g}"
+  if tool == 'routing':
+    worst = max(result['layers'], key=lambda r: r['needle']['tv'] - r['needle']['null_p95'])
+    return (f"{len(result['layers'])} MoE layers; needle routing furthest from the control at layer "
+            f"{worst['index']}: TV {worst['needle']['tv']:.3f} (chance up to {worst['needle']['null_p95']:.3f})")
   if tool == 'tracing':
     return f"{len(result['steps'])} checkpoints, {len(result['heads'])} heads"
   return f"{len(result['runs'])} runs"
 
 
 def main(argv=None) -> int:
-  """Dissect a trained run: probing, restriction, tracing, retrieval heads, influence."""
+  """Dissect a trained run: probing, restriction, tracing, retrieval heads, influence, routing."""
   args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
   if getattr(args, 'workdir', None) and not args.out:  # Refused before minutes of analysis, not after.
     checks.path(f'{args.workdir}/analysis', '--out (default: WORKDIR/analysis)', kind='dir', exists=False,

@@ -5,7 +5,8 @@
 - return the residual stream at chosen positions before the first block and after every block;
 - start from given input embeddings instead of tokens (for gradients with respect to them);
 - restrict the receptive field of the full-attention or of the efficient layers (see `windowed.py`);
-- keep the documents of a packed row apart (`segment_ids`, as `HybridLM.__call__` takes them), restricted or not.
+- keep the documents of a packed row apart (`segment_ids`, as `HybridLM.__call__` takes them), restricted or not;
+- return the experts every token is routed to in every mixture-of-experts layer.
 
 Training never runs this path, so its numerics and speed are untouched. A scanned stack is unrolled here (its stacked
 parameters sliced per cycle): compile time grows with depth, which is fine for inference-only analyses.
@@ -18,8 +19,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.inspection import windowed
-from hybrid_jax.models import documents, pattern
-from hybrid_jax.models.mixers import attention, registry
+from hybrid_jax.models import documents, moe, pattern
+from hybrid_jax.models.mixers import attention, moe_layer, registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +76,9 @@ def embed(model, tokens):
 
 def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=None, attention_queries=None,
             residual_positions=None, logit_positions=None, restriction: 'windowed.Restriction | None' = None,
-            head_scale=None) -> dict:
-  """{'logits' [B, T, V], 'attention' {layer: [B, Hq, nq, T]}, 'residuals' [L + 1, B, nr, d]}.
+            head_scale=None, routes: bool = False) -> dict:
+  """{'logits' [B, T, V], 'attention' {layer: [B, Hq, nq, T]}, 'residuals' [L + 1, B, nr, d],
+  'routes' {layer: [B, T, k] int32}}.
 
   Give `tokens` [B, T] or `embeddings` [B, T, d]. `positions` and `segment_ids` [B, T] as `HybridLM.__call__`
   takes them (hybrid_jax.models.documents): with segment ids every layer sees only each token's own document, so
@@ -86,7 +88,8 @@ def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=
   for every attention layer; `residual_positions` [B, nr] selects where the residual stream is read (entry 0: the
   embeddings, entry l + 1: after block l). Absent selections are not computed.
   `head_scale` {layer index: [Hq]} multiplies each query head's output of those attention layers before their output
-  projection (0 ablates a head; the values may be traced).
+  projection (0 ablates a head; the values may be traced). `routes`: the k experts of every token in each layer with
+  a mixture of experts (its block MLP, or the layer itself for the 'moe' kind), as its router chose them.
   """
   if (tokens is None) == (embeddings is None):
     raise ValueError('forward needs exactly one of tokens or embeddings')
@@ -95,14 +98,18 @@ def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=
   rows = jax.ShapeDtypeStruct(x.shape[:2], jnp.int32)  # `resolve` reads only the shape of the tokens.
   positions, segment_ids = documents.resolve(rows, positions, segment_ids)
   residuals = [] if residual_positions is None else [windowed.take_rows(x, residual_positions)]
-  attention = {}
+  attention, routed = {}, {}
   for layer, block in zip(layers(model.cfg), blocks(model)):
     h = block.mixer_input(x)
+    if routes and isinstance(block.mixer, moe_layer.MoELayer):
+      routed[layer.index] = block.mixer.moe.route(h).experts
     y, probs = windowed.mix(block.mixer, layer.spec, h, positions, restriction, attention_queries,
                             (head_scale or {}).get(layer.index), segment_ids)
     if probs is not None:
       attention[layer.index] = probs
     x = block.add(x, block.mixer_output(y))
+    if routes and isinstance(block.mlp, moe.MoE):
+      routed[layer.index] = block.mlp.route(block.mlp_input(x)).experts
     x = block.mlp_branch(x)
     if residual_positions is not None:
       residuals.append(windowed.take_rows(x, residual_positions))
@@ -112,4 +119,6 @@ def forward(model, tokens=None, *, embeddings=None, positions=None, segment_ids=
   out = {'logits': logits, 'attention': attention}
   if residual_positions is not None:
     out['residuals'] = jnp.stack(residuals).astype(jnp.float32)
+  if routes:
+    out['routes'] = routed
   return out

@@ -94,11 +94,14 @@ class Block(nnx.Module):
     """(mlp_branch(x), the MLP's router statistics: {} unless it is an MoE)."""
     if self.mlp is None:
       return x, {}
+    y, stats = moe.with_stats(self.mlp, self.mlp_input(x))
     if self.post_norm:
-      y, stats = moe.with_stats(self.mlp, x)
       return self._join(x, self.mlp_norm(y), (), None), stats
-    y, stats = moe.with_stats(self.mlp, self.mlp_norm(x))
     return self._join(x, y, self.mlp_residual, self.mlp_norm), stats
+
+  def mlp_input(self, x):
+    """What the MLP reads of the stream x: norm(x), or x itself in a post-norm block."""
+    return x if self.post_norm else self.mlp_norm(x)
 
   def forward(self, x, positions, segment_ids=None):
     """(the block's output, the router statistics of its MoE: {} for a block without one)."""

@@ -152,13 +152,26 @@ class MoE(nnx.Module):
   def __call__(self, x):
     return self.with_stats(x)[0]
 
-  def with_stats(self, x):
-    """(output [..., d_model] in the compute dtype, the router statistics of this call)."""
+  def _route(self, x):
+    """(router logits [N, E] float32, moe_routing.Routing of the N tokens of x [..., d_model])."""
     logits = x.astype(jnp.float32) @ self.router[...].astype(jnp.float32)
     if self.router_logit_bias is not None:
       logits = logits + self.router_logit_bias[...].astype(jnp.float32)
     bias = None if self.router_bias is None else self.router_bias[...]
-    routing = moe_routing.route(logits.reshape(-1, self.num_experts), self.routing, bias)
+    logits = logits.reshape(-1, self.num_experts)
+    return logits, moe_routing.route(logits, self.routing, bias)
+
+  def route(self, x) -> moe_routing.Routing:
+    """The router's choice for the tokens of x [..., d_model], shaped like them: experts and weights [..., k],
+    probs [..., E] (what the analyses read; the forward pass routes the same way)."""
+    routing = self._route(x)[1]
+    lead = x.shape[:-1]
+    return moe_routing.Routing(*(a.reshape(*lead, a.shape[-1]) for a in (routing.experts, routing.weights,
+                                                                          routing.probs)))
+
+  def with_stats(self, x):
+    """(output [..., d_model] in the compute dtype, the router statistics of this call)."""
+    logits, routing = self._route(x)
     lead = x.shape[:-1]
     experts, weights = (a.reshape(*lead, a.shape[-1]) for a in (routing.experts, routing.weights))
     dt = self.dtype
@@ -171,7 +184,7 @@ class MoE(nnx.Module):
                                    expert_weights, (1, 0))
     if self.shared_up is not None:
       y = y + self._shared(x.astype(dt))
-    stats = moe_routing.statistics(logits.reshape(-1, self.num_experts), routing, self.num_experts, jnp.sum(dropped))
+    stats = moe_routing.statistics(logits, routing, self.num_experts, jnp.sum(dropped))
     return y.astype(dt), stats
 
   def _dispatch(self, x, experts, weights, *expert_weights, split):
