@@ -34,6 +34,11 @@ def sharded(mesh, rules: dict):
     _ACTIVE.reset(token)
 
 
+def active_step():
+  """(mesh, rules) of the sharded step being traced (within `sharded`), or None outside one."""
+  return _ACTIVE.get()
+
+
 def constrain(x, logical_axes):
   """`x` constrained to the layout of `logical_axes`, or `x` itself when no sharded step is being traced."""
   active = _ACTIVE.get()

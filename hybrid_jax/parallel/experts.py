@@ -56,7 +56,7 @@ def local(fn, tokens, token_axes, weights, out_ranks):
   through), split over the mesh axes of the rule 'expert' when they divide E; `split` then says where this device's
   experts are (None when every device holds all of them). `fn` returns arrays of this device's tokens, output i of
   rank len(lead) + out_ranks[i]."""
-  active = activations._ACTIVE.get()  # pylint: disable=protected-access  # The sharded step being traced.
+  active = activations.active_step()
   if active is None:
     return fn(*tokens, *weights, split=None)
   mesh, rules = active
