@@ -130,20 +130,27 @@ def test_a_dense_model_is_refused_in_one_line():
 
 
 @pytest.mark.e2e
-def test_analyze_routing_on_a_trained_moe_run(tmp_path):
-  """The command on a run directory: routing.json with every MoE layer's groups, and its plot."""
+def test_every_analysis_runs_on_a_trained_moe_run(tmp_path):
+  """`analyze routing` writes every MoE layer's groups and its plot; the other analyses run on the same MoE run."""
   from hybrid_jax import standard_hooks
   from hybrid_jax.commands import analyze
   c = small_config('gdn')
   c.model.moe.update(dict(blocks='all', num_experts=E, top_k=K))
-  c.train.update(dict(steps=4, checkpoint_every=4))
-  standard_hooks.train(c, tmp_path / 'run')
-  assert analyze.main(['routing', '--workdir', str(tmp_path / 'run'), '--source', 'study', '--samples', '4',
-                       '--length', '64', '--draws', '20', '--no-progress']) == 0
-  result = json.loads((tmp_path / 'run' / 'analysis' / 'routing.json').read_text())
+  c.train.update(dict(steps=4, checkpoint_every=2))
+  run = tmp_path / 'run'
+  standard_hooks.train(c, run)
+  needle = ['--source', 'study', '--samples', '4', '--length', '256', '--no-progress']
+  assert analyze.main(['routing', '--workdir', str(run), *needle, '--draws', '20']) == 0
+  result = json.loads((run / 'analysis' / 'routing.json').read_text())
   assert [row['index'] for row in result['layers']] == list(range(c.model.num_layers))
   for row in result['layers']:
     for name in ('needle', 'query', 'control'):
       assert row[name]['tokens'] > 0 and sum(row[name]['load']) == pytest.approx(1.0)
     assert 0 <= row['needle']['tv'] <= 1 and row['needle']['null_mean'] <= row['needle']['null_p95']
-  assert (tmp_path / 'run' / 'analysis' / 'routing.png').stat().st_size > 0
+  assert (run / 'analysis' / 'routing.png').stat().st_size > 0
+  for args in (['retrieval-heads', *needle], ['tracing', *needle],
+               ['restriction', '--windows', '16', '--metrics', 'loss', '--batches', '1', '--seq-len', '64',
+                '--no-progress'],
+               ['probing', '--samples', '40', '--length', '256', '--no-progress'],
+               ['gradient-influence', '--context', '32', '--samples', '2', '--last', '4', '--no-progress']):
+    assert analyze.main([args[0], '--workdir', str(run), *args[1:]]) == 0, args[0]

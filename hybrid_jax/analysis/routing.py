@@ -9,7 +9,6 @@ experts the model computes with.
 
 import jax
 import numpy as np
-from flax import nnx
 
 from hybrid_jax.analysis import needles, report, retrieval_heads, routing_stats
 from hybrid_jax.errors import InputError
@@ -31,11 +30,11 @@ def groups(batch: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def routes(model_def, params, tokens) -> dict:
-  """{layer index: experts [B, T, k]} of every MoE layer on tokens [B, T]."""
+  """{layer index: experts [B, T, k]} of every MoE layer on tokens [B, T]; model_def a train.state.ModelDef."""
 
   @jax.jit
   def run(p, t):
-    return forward_lib.forward(nnx.merge(model_def, p), t, routes=True)['routes']
+    return forward_lib.forward(model_def.bind(p), t, routes=True)['routes']
 
   return {layer: np.asarray(e) for layer, e in run(params, tokens).items()}
 
