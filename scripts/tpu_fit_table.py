@@ -2,6 +2,7 @@
 
   python scripts/tpu_fit_table.py --out docs/TPU_FIT.md                        # every arch x S1-S5 at 16K, S5 at 32K
   python scripts/tpu_fit_table.py --archs swa128,gdn --scales s1 --chips v5p   # a part of it
+  python scripts/tpu_fit_table.py --add rows.json       # merge compile-check --json rows (the MoE twins' section)
 
 Each (arch, scale, context, chip) is one `python -m hybrid_jax compile-check --topology=...` row, in one process
 (libtpu loads once). Rows are kept in OUT.json as they finish, so an interrupted run resumes where it stopped.
@@ -51,6 +52,9 @@ def main(argv=None):
   p.add_argument('--chips', default=','.join(TOPOLOGIES))
   p.add_argument('--contexts', default=','.join(CONTEXTS))
   p.add_argument('--render-only', action='store_true', help='rewrite OUT from OUT.json; compile nothing')
+  p.add_argument('--add', default='', metavar='JSON[,JSON]',
+                 help='merge the rows of these `compile-check --json` files (e.g. MoE twins with the expert axis: '
+                 'their own section) into OUT.json at this revision, then render; compile nothing')
   args = p.parse_args(argv)
   chosen = {}
   for flag, allowed in (('archs', hybrid.ARCHES), ('scales', TOPOLOGIES['v5p']), ('chips', TOPOLOGIES),
@@ -64,10 +68,14 @@ def main(argv=None):
   out = pathlib.Path(args.out)
   store = out.with_suffix('.json')
   rows = json.loads(store.read_text()) if store.exists() else []
+  for path in filter(None, args.add.split(',')):
+    added = [dict(r, revision=REVISION) for r in json.loads(pathlib.Path(path).read_text())]
+    rows = [r for r in rows if _key(r) not in {_key(a) for a in added}] + added
+    store.write_text(json.dumps(rows, indent=1) + '\n')
   current = {_key(r) for r in rows if _revision(r) == REVISION}
   targets = {}
   grid = len(hybrid.ARCHES) * len(TOPOLOGIES) * (len(TOPOLOGIES['v5p']) + len(EXTENDED_SCALES))
-  for context in ([] if args.render_only else chosen['contexts']):
+  for context in ([] if args.render_only or args.add else chosen['contexts']):
     for scale in chosen['scales']:
       if context != '16k' and scale not in EXTENDED_SCALES:
         continue
@@ -79,7 +87,7 @@ def main(argv=None):
           if config.data.seq_len != seq_len:
             raise SystemExit(f'the packaged hybrid config sets seq_len {config.data.seq_len} for {context}; CONTEXTS '
                              f'says {seq_len}')
-          key = (arch, scale, seq_len, topology)
+          key = (arch, scale, seq_len, topology, '')
           if key in current:
             continue
           if topology not in targets:
@@ -107,22 +115,44 @@ def _write(out, rows, grid):
             'times the accumulation\nsteps, the gradient reduction and FSDP gathers over ICI; not a measurement. XLA\'s '
             'counts take each loop body once\n(the scan over layer cycles) and see nothing inside the Pallas kernels, '
             'so the memory term is a lower bound. A step\nthe compiler refuses shows `-` for its peak. '
-            f'This page holds {len(rows)} of the {grid} rows of the whole grid (every arch x S1-S5 '
+            f'This page holds {len(_dense(rows))} of the {grid} rows of the whole grid (every arch x S1-S5 '
             'at 16K and S5 at 32K, x v5p/v6e);\n`python scripts/tpu_fit_table.py` adds the rest, resuming from '
             'docs/TPU_FIT.json.\n\n')
-  current = [r for r in rows if _revision(r) == REVISION]
-  older = [r for r in rows if _revision(r) != REVISION]
+  current = [r for r in _dense(rows) if _revision(r) == REVISION]
+  older = [r for r in _dense(rows) if _revision(r) != REVISION]
   body = glance(rows) + f'\n\nCompiled at revision {REVISION} ({REVISIONS[REVISION]}), {len(current)} rows:\n\n'
   body += compile_check.table(sorted(current, key=_grid_order)) + '\n'
   if older:
     revisions = '; '.join(f'revision {n}: {REVISIONS[n]}' for n in sorted({_revision(r) for r in older}))
     body += (f'\nCompiled at an older revision, `*` in the matrix, {len(older)} rows that the next run of the script '
              f'compiles again\n({revisions}):\n\n' + compile_check.table(sorted(older, key=_grid_order)) + '\n')
+  twins = [r for r in rows if r.get('moe')]
+  if twins:
+    body += ('\n## MoE twins\n\nThe study grid\'s MoE twins (`--config=hybrid:arch=A,scale=S,experts=E,top_k=K`, '
+             "docs/MOE_SHAPES.md: arch `gdn e8k2` is gdn's twin of 8 experts, top 2), compiled by `compile-check` "
+             f'(the mesh cell names the expert axis) and merged with `--add`, {len(twins)} rows:\n\n'
+             + compile_check.table(sorted(twins, key=_moe_order)) + '\n')
   out.write_text(header + body)
 
 
 def _key(row):
-  return row['arch'], row['scale'], row['seq_len'], row['target']
+  return row['arch'], row['scale'], row['seq_len'], row['target'], _twin(row)
+
+
+def _twin(row):
+  """'e8k2' for an MoE twin's row (experts and top k), '' for the dense grid's."""
+  moe = row.get('moe')
+  return f"e{moe['experts']}k{moe['top_k']}" if moe else ''
+
+
+def _dense(rows):
+  return [r for r in rows if not r.get('moe')]
+
+
+def _moe_order(row):
+  from hybrid_jax.configs import hybrid
+  return (row['seq_len'], row['scale'], list(hybrid.ARCHES).index(row['arch']), _twin(row), row['chips'],
+          row['target'])
 
 
 def _revision(row):
@@ -163,7 +193,7 @@ def glance(rows) -> str:
   for arch in hybrid.ARCHES:
     cells = []
     for scale, seq_len in columns:
-      found = [by_key.get((arch, scale, seq_len, TOPOLOGIES[c][scale])) for c in chips]
+      found = [by_key.get((arch, scale, seq_len, TOPOLOGIES[c][scale], '')) for c in chips]
       cells.append(' / '.join(_verdict(r) + ('*' if _revision(r) != REVISION else '') if r else '…'
                               for r in found))
     lines.append(f"| {arch} | {' | '.join(cells)} |")

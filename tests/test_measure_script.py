@@ -16,7 +16,8 @@ sys.path.insert(0, str(pathlib.Path(ROOT) / 'scripts' / 'device'))
 import kernels  # pylint: disable=wrong-import-position
 import summary  # pylint: disable=wrong-import-position
 
-FILES = {'env.txt', 'measure.log', 'scans.json', 'attention.json', 'step.json', 'choices.json', 'summary.md'}
+FILES = {'env.txt', 'measure.log', 'scans.json', 'attention.json', 'moe.json', 'step.json', 'choices.json',
+         'summary.md'}
 
 
 def _dry_run(tmp_path, step_runs=None, **env_vars):
@@ -74,21 +75,13 @@ def _check_summary(out, step_runs):
 
 
 @pytest.mark.e2e
-def test_dry_run_measures_every_phase(tmp_path):
-  out, stdout = _dry_run(tmp_path, 'full gdn_concat')
+def test_dry_run_measures_every_phase_and_every_step_run(tmp_path):
+  """Every phase, and the default twelve step runs; their steps get a longer box than the device's (a CPU compiles
+  a GDN step slowly)."""
+  out, stdout = _dry_run(tmp_path, STEPS_S='500', BUDGET_S='3000')
   _check_kernels(out)
-  runs = json.loads((out / 'step.json').read_text())
-  assert [r['run'] for r in runs] == ['full', 'gdn_concat']
-  assert all(r['step']['step_s_median'] > 0 for r in runs)
-  assert [r['config']['packing'] for r in runs] == ['documents', 'concat']  # The default, and concatenated rows.
-  _check_summary(out, 'full gdn_concat')
-  assert 'done; files:' in stdout and '| step gdn concat MFU (TINY 32 x 2) |' in stdout  # The summary, printed.
-
-
-@pytest.mark.e2e
-def test_dry_run_every_step_run(tmp_path):
-  """The default twelve runs; their steps get a longer box than the device's (a CPU compiles a GDN step slowly)."""
-  out, _ = _dry_run(tmp_path, STEPS_S='500', BUDGET_S='3000')
+  moe = json.loads((out / 'moe.json').read_text())
+  assert moe and all('error' not in r for r in moe['rows']), moe
   runs = json.loads((out / 'step.json').read_text())
   default = summary.DEFAULT_STEP_RUNS.split()
   assert [r['run'] for r in runs] == default and len(default) == 12
@@ -97,6 +90,7 @@ def test_dry_run_every_step_run(tmp_path):
       (name.removesuffix('_concat'), 'concat' if name.endswith('_concat') else 'documents') for name in default]
   assert all(r['config']['documents'] == 8 for r in runs if r['config']['packing'] == 'documents')  # seq_len // 4.
   _check_summary(out, summary.DEFAULT_STEP_RUNS)
+  assert 'done; files:' in stdout and '| step gdn concat MFU (TINY 32 x 2) |' in stdout  # The summary, printed.
 
 
 def _scan_row(form, shape, impl, ms, documents=None):

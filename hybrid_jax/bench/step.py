@@ -35,7 +35,7 @@ import numpy as np
 
 from hybrid_jax.bench import documents as bench_documents, profile
 from hybrid_jax.config import ConfigError, apply_override, key_parent, load_config_file, resolve_spec, validate
-from hybrid_jax.models import flops as flops_lib, pattern
+from hybrid_jax.models import counting, flops as flops_lib, moe, pattern
 from hybrid_jax.parallel import distributed, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import metrics, optim, state as state_lib, step as step_lib
 
@@ -232,6 +232,11 @@ def report(result) -> str:
       f"remat {c['remat']}, scan_layers {c['scan_layers']}, loss_chunk {c['loss_chunk']}, dtype {c['dtype']}, "
       f"on {result['meta']['device_kind']}",
   ]
+  if c.get('moe'):
+    e, p = c['moe'], c['params']
+    lines.append(f"MoE: {e['layers']} layers of {e['experts']} experts (width {e['expert_width']}), top {e['top_k']}, "
+                 f"dispatch {e['implementation']}; {p['active']:,} active of {p['total']:,} parameters (MFU counts "
+                 'the active)')
   if 'step_s_median' in s:
     lines += [
         f"compile {s['compile_s']:.1f} s, first step {s['first_step_s']:.2f} s, steady step {s['step_s_median']:.4g} "
@@ -261,6 +266,15 @@ def report(result) -> str:
   return '\n'.join(lines)
 
 
+def _moe_summary(cfg):
+  """An MoE model's experts (layers, experts, top k, expert width, the dispatch 'auto' picks here); None for a
+  dense model. Its MFU counts active parameters (`params`), so it compares with the dense run of as many."""
+  if not moe.layer_count(cfg):
+    return None
+  return {'layers': moe.layer_count(cfg), 'experts': int(cfg.moe.num_experts), 'top_k': int(cfg.moe.top_k),
+          'expert_width': moe.expert_width(cfg), 'implementation': moe.implementation(str(cfg.moe.implementation))}
+
+
 def measure(args, argv: list[str]) -> dict:
   """The result of the step `args` sets up (the flags of `bench step`, one attribute each, read from `argv`)."""
   config = load_config(args.config, seq_len=args.seq_len, batch_size=args.batch_size, grad_accum=args.grad_accum,
@@ -275,7 +289,8 @@ def measure(args, argv: list[str]) -> dict:
              'batch_size': config.train.batch_size, 'grad_accum': config.train.grad_accum, 'remat': m.remat,
              'loss_chunk': config.train.loss_chunk,
              'scan_layers': m.scan_layers, 'dtype': m.dtype, 'attention_implementation': m.attention_implementation,
-             'recurrent_implementation': m.recurrent_implementation, 'overrides': list(args.set)}
+             'recurrent_implementation': m.recurrent_implementation, 'overrides': list(args.set),
+             'params': {k: v for k, v in counting.param_counts(m).items() if k != 'layers'}, 'moe': _moe_summary(m)}
   with contextlib.ExitStack() as stack:
     trace_dir = args.trace_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix='hybrid_jax_trace_'))
     if args.compile_only:

@@ -1,13 +1,15 @@
 """`python -m hybrid_jax bench NAME [flags]`: the flags of each benchmark program of hybrid_jax.bench, which runs
 with them (its `run(args)` reads one attribute per flag)."""
 
+import argparse
 import os
 
 import jax
 
 from hybrid_jax import bench, checks
-from hybrid_jax.bench import attention, data, decode, kernel_errors, scan, step
+from hybrid_jax.bench import attention, data, decode, kernel_errors, moe, scan, step
 from hybrid_jax.commands import parsing
+from hybrid_jax.errors import InputError
 from hybrid_jax.kernels.attention import IMPLEMENTATIONS
 from hybrid_jax.kernels.scan_checks import IMPLEMENTATION_NAMES
 
@@ -193,12 +195,44 @@ def _kernel_errors(argv) -> int:
   return kernel_errors.run(p.parse_args(argv))
 
 
+def _moe_shapes(text):
+  try:
+    return moe.parse_shapes(text)
+  except InputError as e:
+    raise argparse.ArgumentTypeError(str(e).replace('<flag>=', '', 1)) from None
+
+
+def _moe(argv) -> int:
+  p = _parser('moe', moe.__doc__.split('\n')[0])
+  p.add_argument('--shapes', type=_moe_shapes,
+                 help='comma-separated TOKENSxD_MODELxEXPERT_WIDTHxEXPERTSxTOP_K (default '
+                 f"{moe.DEFAULTS['cpu']['shapes']} CPU; {moe.DEFAULTS['gpu']['shapes']} GPU/TPU)")
+  p.add_argument('--impls', type=checks.flag_choices(moe.IMPLEMENTATIONS, 'MoE dispatches'),
+                 help="comma-separated dispatches (default ragged_dot,dense CPU and GPU; gmm,ragged_dot,dense TPU; "
+                 "'gmm' runs interpreted on CPU: slow)")
+  p.add_argument('--dtype', choices=['float32', 'bfloat16'], help='default: float32 on CPU, else bfloat16')
+  p.add_argument('--no-bwd', action='store_true', help='time the forward pass only')
+  p.add_argument('--repeats', type=checks.POSITIVE_INT, help='fewest timed runs (default 3 CPU, 10 else)')
+  p.add_argument('--min-seconds', type=checks.NONNEGATIVE, default=0.5, help='fewest seconds of timed runs per row')
+  p.add_argument('--timeout', type=checks.NONNEGATIVE, default=300.0,
+                 help='seconds per measurement (one shape and dispatch, compile included): past it the row records '
+                 'the timeout and the run goes on (0: no limit)')
+  p.add_argument('--json', metavar='OUT', type=checks.OUT_FILE, help=_JSON_HELP)
+  args = p.parse_args(argv)
+  _backend_defaults(args, moe.DEFAULTS)
+  if isinstance(args.shapes, str):  # The backend's default.
+    args.shapes = moe.parse_shapes(args.shapes)
+  if isinstance(args.impls, str):
+    args.impls = args.impls.split(',')
+  return moe.run(args)
+
+
 _BENCHMARKS = {'attention': _attention, 'scan': _scan, 'decode': _decode, 'step': _step, 'data': _data,
-               'kernel-errors': _kernel_errors}
+               'kernel-errors': _kernel_errors, 'moe': _moe}
 
 
 def main(argv) -> int:
-  """Time kernels, decoding and the sharded train step (attention, scan, decode, step); kernels' errors by regime."""
+  """Time kernels, MoE dispatch, decoding and the train step (attention, scan, moe, decode, step); kernel errors."""
   parser = parsing.ArgumentParser(prog='python -m hybrid_jax bench', description=bench.__doc__.splitlines()[0])
   parser.add_argument('name', metavar='NAME', choices=list(_BENCHMARKS),
                       help=f'the benchmark: {", ".join(_BENCHMARKS)} (NAME --help lists its flags)')

@@ -19,6 +19,7 @@ import time
 import jax
 
 from hybrid_jax.compile_check import attention_work, estimate as estimate_lib
+from hybrid_jax.kernels import platform
 from hybrid_jax.models import moe
 from hybrid_jax.parallel import chips, mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import optim, state as state_lib, step as step_lib
@@ -99,6 +100,12 @@ def compile_step(config, target: Target, memory_limit: float | None = None) -> d
          'grad_accum': int(t.grad_accum), 'remat': config.model.remat,
          'shard_optimizer': bool(config.parallel.shard_optimizer), 'packing': config.data.get('packing', 'concat')}
   row['attention_work'] = attention_work.layers(config.model, seq_len)  # Splash's computed work per layer.
+  if moe.layer_count(config.model):  # An MoE model: not its dense arch's step (tables name it `gdn e8k2`).
+    m = config.model.moe
+    with platform.targeting(list(target.devices)):
+      dispatch = moe.implementation(str(m.implementation))
+    row['moe'] = {'experts': int(m.num_experts), 'top_k': int(m.top_k), 'expert_width': moe.expert_width(
+        config.model), 'layers': moe.layer_count(config.model), 'implementation': dispatch}
   try:
     mesh_lib.check_batch(t, row['mesh'], rules_lib.parse_rules(config.parallel.rules))
   except mesh_lib.MeshError as e:
@@ -409,7 +416,8 @@ def _ici_note(est: dict) -> str:
 def table(rows: list[dict]) -> str:
   """A Markdown table, one line per (run, target). A row split over several chips (parallel.sequence) shows its
   batch per chip as rows of T/n tokens, and a fix that splits rows says so in the fix column (sequence=n). A mesh
-  with an expert axis names it in its cell ('2/1/1/1, expert 4')."""
+  with an expert axis names it in its cell ('2/1/1/1, expert 4'); an MoE model's arch cell names its experts and
+  top k ('gdn e8k2')."""
   # The header comes before the rows compile: the expert axis is named in the cells of the rows that use it.
   axes = [a for a in mesh_lib.AXES if a not in mesh_lib.OPTIONAL_AXES]
   head = (f"| arch | scale | T | target | chips | mesh ({'/'.join(axes)}) | batch/chip | fits | "
@@ -427,8 +435,9 @@ def table(rows: list[dict]) -> str:
     peak = r.get('per_device_bytes', {}).get('peak')
     batch = (f"{r['per_chip_batch']:g}" + (f" of T/{split}" if split > 1 else '') +
              (f" ({r['grad_accum']} accum)" if r['grad_accum'] > 1 else ''))
+    arch = r['arch'] + (f" e{r['moe']['experts']}k{r['moe']['top_k']}" if r.get('moe') else '')
     lines.append(
-        f"| {r['arch']} | {r['scale']} | {r['seq_len']} | {r['target']} | {r['chips']} | {mesh} | {batch} | {fits} | "
+        f"| {arch} | {r['scale']} | {r['seq_len']} | {r['target']} | {r['chips']} | {mesh} | {batch} | {fits} | "
         f"{_gb(peak)} / {_gb(r.get('hbm_bytes'))} | {r['compile_s']:.0f} | "
         f"{_num(r.get('xla_flops_per_chip'), 1e12, '.1f')} | {_num(r.get('xla_bytes_accessed_per_chip'), 1e9, '.0f')} | "
         + (f"{est['step_s']:.3f} ({bound}) | {est['tokens_per_s']:,.0f}" if est else '- | -')

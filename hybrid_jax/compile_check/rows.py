@@ -9,7 +9,9 @@ FIT_ROW_KEYS = ('target', 'arch', 'scale', 'seq_len', 'batch_size', 'chips')  # 
 
 
 def load(path, chip: str) -> dict:
-  """(arch, scale, seq_len) -> compile-check row on `chip` (e.g. 'v5p') from a compile-check JSON file."""
+  """(arch, scale, seq_len) -> compile-check row on `chip` (e.g. 'v5p') from a compile-check JSON file. Rows of MoE
+  models (their `moe` entry; docs/TPU_FIT.json holds some beside the dense grid) are not their arch's dense step
+  and are left out."""
   if not pathlib.Path(path).exists():
     raise ConfigError(f'--fit {path}: no such file (write one with compile-check --json)')
   checks.path(path, '--fit', kind='file')
@@ -18,4 +20,5 @@ def load(path, chip: str) -> dict:
   chips = sorted({r['target'].partition(':')[0] for r in rows})
   if chip not in chips:
     raise ConfigError(f'--fit {path}: no rows for --chip {chip}; it has {", ".join(chips) or "none"}')
-  return {(r['arch'], r['scale'], r['seq_len']): r for r in rows if r['target'].partition(':')[0] == chip}
+  return {(r['arch'], r['scale'], r['seq_len']): r for r in rows
+          if r['target'].partition(':')[0] == chip and not r.get('moe')}

@@ -7,9 +7,10 @@ Why it looks as it does:
   its own experts for its expert group's.
 - Dropless by default: every (token, expert) assignment is computed. The N * k assignments are sorted by expert,
   the group sizes counted, and each expert matmul is one `jax.lax.ragged_dot` over the sorted rows
-  (implementation 'ragged_dot'); 'dense' runs every expert on every token and weights the outputs (the reference
-  the tests compare against, E / k times the work). On CPU, jax lowers ragged_dot to a masked dense product, so
-  both do every expert's work there.
+  (implementation 'ragged_dot'), or megablox's Pallas grouped matmul ('gmm', hybrid_jax.kernels.grouped_matmul: the
+  same product, TPU only, interpreted on CPU; 'auto' picks it on TPU); 'dense' runs every expert on every token and
+  weights the outputs (the reference the tests compare against, E / k times the work). On CPU, jax lowers ragged_dot
+  to a masked dense product, so both do every expert's work there.
 - With `dropless` off each expert takes at most ceil(capacity_factor * N * k / E) assignments, earlier tokens
   first; the rest are dropped (their weight is zero; the shared experts and the residual still carry the token)
   and counted.
@@ -26,15 +27,17 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from hybrid_jax.kernels import platform
+from hybrid_jax.kernels import grouped_matmul, platform
 from hybrid_jax.models import layers, moe_routing
 from hybrid_jax.models.layers import dtype_of, param
 from hybrid_jax.parallel import experts as experts_lib
 
-IMPLEMENTATIONS = ('auto', 'ragged_dot', 'dense')
-# 'auto' per platform: the grouped matmul everywhere for now. A Pallas grouped matmul (tokamax's ragged_dot, the
-# same signature) is the intended pick on GPU and TPU (docs/MOE.md).
-_AUTO = {'cpu': 'ragged_dot', 'gpu': 'ragged_dot', 'tpu': 'ragged_dot'}
+IMPLEMENTATIONS = ('auto', 'ragged_dot', 'gmm', 'dense')
+# 'auto' per platform: megablox's Pallas grouped matmul on TPU; XLA's ragged_dot on GPU (no Mosaic there) and CPU
+# (where 'gmm' would run interpreted).
+_AUTO = {'cpu': 'ragged_dot', 'gpu': 'ragged_dot', 'tpu': 'gmm'}
+# The grouped dispatch's matmul per implementation: (rows [m, k] sorted by expert, w [E, k, n], sizes [E]) -> [m, n].
+_GROUPED = {'ragged_dot': jax.lax.ragged_dot, 'gmm': grouped_matmul.gmm}
 # model.moe.activation -> weight matrices per expert (d_model x expert width each).
 EXPERT_MLPS = {'swiglu': 3, 'relu2': 2, 'swiglu_oai': 3}
 # Which blocks' MLPs are MoE (model.moe.blocks).
@@ -210,10 +213,11 @@ class MoE(nnx.Module):
       experts = jnp.where(keep, experts - first, 0)
     weights = weights * keep
     expert = functools.partial(_expert_mlp, self.activation, self.limit, self.alpha, *expert_weights)
-    if implementation(self.implementation) == 'dense':
+    impl = implementation(self.implementation)
+    if impl == 'dense':
       y = _dense(expert, x, experts, weights, local)
     else:
-      y = _grouped(expert, x, experts.reshape(-1), keep.reshape(-1), weights, local)
+      y = _grouped(expert, x, experts.reshape(-1), keep.reshape(-1), weights, local, _GROUPED[impl])
     if split is not None:
       y = split.outputs(y)
     return y.reshape(*lead, -1), dropped.reshape(lead).astype(jnp.float32)
@@ -248,16 +252,17 @@ def _expert_mlp(activation, limit, alpha, gate_w, up_w, down_w, gate_b, up_b, do
   return run
 
 
-def _grouped(expert, x, flat, keep, weights, num_experts: int):
-  """Dropless dispatch: assignments sorted by expert (dropped ones last, outside every group), one ragged_dot per
-  expert matrix, outputs put back in assignment order and summed with the routing weights."""
+def _grouped(expert, x, flat, keep, weights, num_experts: int, matmul=jax.lax.ragged_dot):
+  """Dropless dispatch: assignments sorted by expert (dropped ones last, outside every group), one grouped `matmul`
+  (ragged_dot's signature) per expert matrix, outputs put back in assignment order and summed with the routing
+  weights."""
   n, k = weights.shape
   key = jnp.where(keep, flat, num_experts)
   order = jnp.argsort(key, stable=True)
   sizes = jnp.zeros((num_experts,), jnp.int32).at[flat].add(keep.astype(jnp.int32))
   rows = x[order // k]
   row_expert = jnp.minimum(key[order], num_experts - 1)
-  out = expert(lambda a, w: jax.lax.ragged_dot(a, w, sizes), lambda b: b[row_expert])(rows)
+  out = expert(lambda a, w: matmul(a, w, sizes), lambda b: b[row_expert])(rows)
   out = jnp.zeros_like(out).at[order].set(out).reshape(n, k, -1)
   return jnp.einsum('nk,nkd->nd', weights, out.astype(jnp.float32))
 

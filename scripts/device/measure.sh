@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call measures everything the GPU targets need, in at most BUDGET_S (default 450) seconds from its
 # start (the wheels' install included, the machine's start not: under 8 minutes on one H100 or H200). Files under
-# $OUT (7):
+# $OUT (8):
 #   env.txt       date, GPU, versions (jax, flax, torch, triton, fla), and any module the programs miss
 #   measure.log   every phase's output, in order
 #   scans.json    first: GDN, then Mamba-2 and Lightning (scripts/device/kernels.py scans): pallas_gpu and xla
@@ -11,6 +11,8 @@
 #   attention.json  attention at 16K and 32K, windows 128 and full, S4 and S1 heads (GQA, D 64) and 16 heads of
 #                 128: cuDNN without documents, cuDNN (packed) and pallas_gpu on documents of T / 4; then the
 #                 documents parity through the automatic choice (scripts/device/kernels.py attention)
+#   moe.json      the S1 MoE twin's experts (64K tokens x d_model 384 x width 479, 8 experts, top 2, bf16): the
+#                 grouped dispatch (ragged_dot) against every expert on every token, fwd and fwd+bwd (bench moe)
 #   step.json     the S4 16K x 8 training step (scripts/device/steps.py, one process) for full, swa128_nope, gdn,
 #                 swa128, mamba2 and lightning, each on documents (data.packing's default) and concatenated rows,
 #                 under the flags training uses (XLA_FLAGS as given: command buffers alike for every run, no profile)
@@ -29,17 +31,17 @@
 # Wheels also install from ../shared/wheels/device and ../shared/wheels/bench where those folders exist.
 # Validate end to end on any machine (CPU, interpret mode, tiny shapes, every cap tripled for a slow CPU):
 #   DRY_RUN=1 OUT=/tmp/measure bash scripts/device/measure.sh
-# STEP_RUNS picks the step runs, in order: ARCH (documents) or ARCH_concat. PHASES (default "scans attention steps")
-# picks the phases and SCANS_S, ATTENTION_S, STEPS_S set their caps (150, 85, 210), e.g. PHASES=scans SCANS_S=430 to
-# give the scans a whole call.
+# STEP_RUNS picks the step runs, in order: ARCH (documents) or ARCH_concat. PHASES (default "scans attention moe
+# steps") picks the phases and SCANS_S, ATTENTION_S, MOE_S, STEPS_S set their caps (150, 85, 25, 210), e.g.
+# PHASES=scans SCANS_S=430 to give the scans a whole call.
 set -uo pipefail
 out="${OUT:-/tmp/measure_out}"
 dry="${DRY_RUN:-0}"
 step_runs="${STEP_RUNS:-full swa128_nope gdn full_concat swa128_nope_concat gdn_concat swa128 mamba2 lightning
 swa128_concat mamba2_concat lightning_concat}"
 step_runs=$(echo $step_runs)  # One line.
-phases=" ${PHASES:-scans attention steps} "
-cap_scans="${SCANS_S:-150}" cap_attention="${ATTENTION_S:-85}" cap_steps="${STEPS_S:-210}"
+phases=" ${PHASES:-scans attention moe steps} "
+cap_scans="${SCANS_S:-150}" cap_attention="${ATTENTION_S:-85}" cap_moe="${MOE_S:-25}" cap_steps="${STEPS_S:-210}"
 slow=1
 t0=$(date +%s)
 mkdir -p "$out"
@@ -122,6 +124,13 @@ if [[ "$phases" == *" attention "* ]]; then
   boxed "$cap_attention" env XLA_PYTHON_CLIENT_PREALLOCATE=false "$py" scripts/device/kernels.py attention \
     "${dry_flag[@]}" --json "$out/attention.json" --timeout $(( 30 * slow )) --parity-budget $(( 15 * slow )) \
     --deadline "$(deadline "$cap_attention" 30)"
+fi
+# The MoE dispatch: one row (a tiny shape in the dry run).
+if [[ "$phases" == *" moe "* ]]; then
+  moe_shape=65536x384x479x8x2
+  [[ "$dry" == 1 ]] && moe_shape=256x64x48x8x2
+  boxed "$cap_moe" "$py" -m hybrid_jax bench moe --shapes "$moe_shape" --impls ragged_dot,dense \
+    --min-seconds 0.2 --timeout $(( 10 * slow )) --json "$out/moe.json"
 fi
 # Training steps: one process, the whole GPU.
 if [[ "$phases" == *" steps "* ]]; then
