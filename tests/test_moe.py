@@ -433,7 +433,7 @@ def test_scanned_moe_stack_trains_with_per_layer_statistics_and_bias_updates():
 
 @pytest.mark.e2e
 def test_sharded_moe_training_matches_one_device():
-  """Data parallel, FSDP and tensor parallel on 4 devices: each device sorts its own tokens, and the losses, router
+  """Data parallel beside FSDP, and FSDP beside tensor parallel, on 4 devices: each device sorts its own tokens, and the losses, router
   statistics and loads of 3 steps (sigmoid router, bias updates, a shared expert) equal one device's."""
   from tests.test_parallel import run_with_devices
   code = '''
@@ -464,7 +464,7 @@ def test_sharded_moe_training_matches_one_device():
 
     single = np.array(run((1, 1, 1), jax.devices()[:1]))
     print(json.dumps([float(np.abs(np.array(run(s, jax.devices())) - single).max())
-                      for s in ((4, 1, 1), (2, 2, 1), (1, 2, 2))]))
+                      for s in ((2, 2, 1), (1, 2, 2))]))
   '''
   gaps = json.loads(run_with_devices(4, code).splitlines()[-1])
   assert max(gaps) < 1e-5, gaps
