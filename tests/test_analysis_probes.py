@@ -31,6 +31,30 @@ VALUE = '4719253'
 PLANTED = 3  # Query head 3 (KV head 1 of 2).
 
 
+def test_recall_samples_point_at_the_queried_record_not_at_other_records_with_the_same_digits():
+  """--source recall: each prompt is a held-out document up to the queried key; the needle is the first record's
+  value (its tokens) even where another record holds the same digits first; a run trained on other data is one
+  line."""
+  from tests.test_recall import recall_config
+  cfg = recall_config(pairs=6, distractors=2).data
+  samples = needles.make_samples('recall', 60, length=0, tokenizer=None, data_cfg=cfg)
+  assert len(samples) == 60
+  tokenizer = ByteTokenizer()
+  elsewhere = 0
+  for sample in samples:
+    assert sample['prompt'].endswith(sample['key']) and sample['answer'] == sample['value']
+    encoded = needles.encode(sample, tokenizer)
+    start, end = sample['needle_span']
+    assert encoded.needle.tolist() == list(range(start, end))  # Bytes: token i is character i.
+    assert sample['prompt'][start:end] == sample['value'] and sample['prompt'][end:].find(sample['key']) >= 0
+    elsewhere += sample['prompt'].find(sample['value']) != start  # Searching for the digits would miss these.
+  assert elsewhere > 0
+  builtin = small_config('swa128').data
+  with pytest.raises(needles.NeedleError, match=r"^needle source 'recall' reads the run's own recall task; this "
+                     r"run trained on data.source='builtin'"):
+    needles.make_samples('recall', 4, length=64, tokenizer=None, data_cfg=builtin)
+
+
 def _planted_model():
   """[Lightning layer doing nothing, full NoPE attention layer with one hand-built copying head].
 

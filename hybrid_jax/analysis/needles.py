@@ -1,11 +1,14 @@
 """Needle-in-a-haystack prompts for the analyses, and where their needle sits in the tokens.
 
-Two sources of prompts, one sample format {'prompt', 'answer', 'value', 'key', 'depth', 'label'}:
+Three sources of prompts, one sample format {'prompt', 'answer', 'value', 'key', 'depth', 'label'}:
 - `study_samples`: the study's probing generator (PAPER.md): one needle "One of the special magic numbers for {key}
   is: {value}." inside a repeated filler ('repeat') or natural text ('essay'); the value is one of a few candidates
   (label = its index) or a fresh 7-digit number; depth pinned or uniform in [1/4, 3/4]. Any length works, so it
   also fits the short contexts of small training runs.
 - `ruler_samples`: the RULER single-needle tasks (niah_single_1/2/3) from hybrid_jax.eval.ruler.
+- `recall_samples`: the queries of a run's own recall task (`data.source='recall'`, hybrid_jax.data.recall), from
+  its held-out documents: what the mini-study's runs were trained to retrieve. Their needle is the queried record's
+  value at its known position (`needle_span`), since the same digits occur in other records.
 
 The model reads `prompt` and should continue with `answer` (' ' + value). `encode` tokenizes prompt + answer and
 finds the needle's tokens from character offsets, so it works for any tokenizer however it splits or merges the
@@ -18,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hybrid_jax.data import recall
 from hybrid_jax.errors import UserError
 from hybrid_jax.eval import ruler
 from hybrid_jax.eval.longppl import key_token_mask
@@ -30,6 +34,7 @@ QUESTION = 'The special magic number for {key} is:'
 STUDY_VALUES = tuple(str(31415920 + i) for i in range(8))  # The study's 8 candidate values.
 HAYSTACKS = ('repeat', 'essay')
 RULER_TASKS = ('niah_single_1', 'niah_single_2', 'niah_single_3')
+SOURCES = ('study', 'study-essay', *RULER_TASKS, 'recall')
 
 
 class NeedleError(UserError, ValueError):
@@ -109,15 +114,39 @@ def ruler_samples(task: str, num: int, *, length: int, tokenizer, seed: int = 42
   return out
 
 
+def recall_samples(data_cfg, num: int, *, seed: int = 42) -> list[dict]:
+  """`num` queries of the recall task `data_cfg` configures, from its held-out documents in an order drawn from
+  `seed`: the document up to the queried key as the prompt, the value as the answer, and the first record's value
+  as the needle (`needle_span`, its characters)."""
+  if data_cfg.source != 'recall':
+    raise NeedleError(f"needle source 'recall' reads the run's own recall task; this run trained on "
+                      f"data.source={data_cfg.source!r}: use study, study-essay or one of {', '.join(RULER_TASKS)}")
+  documents = recall.RecallSource(data_cfg, 'eval', use_store=False)
+  samples = []
+  for index in np.random.default_rng(seed).permutation(len(documents)):
+    document = documents.document(int(index))
+    for q in document.queries:
+      samples.append({'prompt': document.text[:q.query + len(q.key)], 'answer': q.value, 'value': q.value,
+                      'key': q.key, 'needle_span': (q.pair, q.pair + len(q.value)), 'distance': q.distance})
+      if len(samples) == num:
+        return samples
+  if not samples:
+    raise NeedleError('the recall task\'s held-out documents hold no queries (every one is a text document)')
+  return samples
+
+
 def make_samples(source: str, num: int, *, length: int, tokenizer, seed: int = 42, depths=None,
-                 values=STUDY_VALUES) -> list[dict]:
-  """Samples by source name: 'study' / 'study-essay' (study_samples) or a RULER single-needle task name."""
+                 values=STUDY_VALUES, data_cfg=None) -> list[dict]:
+  """Samples by source name: 'study' / 'study-essay' (study_samples), a RULER single-needle task name, or 'recall'
+  (recall_samples of `data_cfg`, the run's data config; its documents have their own length)."""
   if source in ('study', 'study-essay'):
     return study_samples(num, length=length, tokenizer=tokenizer, seed=seed, values=values, depths=depths,
                          haystack='essay' if source == 'study-essay' else 'repeat')
   if source in RULER_TASKS:
     return ruler_samples(source, num, length=length, tokenizer=tokenizer, seed=seed, depths=depths)
-  raise NeedleError(f'needle source {source!r} is invalid: use study, study-essay or one of {", ".join(RULER_TASKS)}')
+  if source == 'recall' and data_cfg is not None:
+    return recall_samples(data_cfg, num, seed=seed)
+  raise NeedleError(f'needle source {source!r} is invalid: use {", ".join(SOURCES)}')
 
 
 # ------------------------------------------------------------------------------------------------ tokens
@@ -171,7 +200,12 @@ def encode(sample: dict, tokenizer) -> Encoded:
     ids = np.concatenate([prompt_ids, np.asarray(tokenizer.encode(sample['answer']), np.int32)])
   if len(prompt_ids) < 4 or len(ids) == len(prompt_ids):
     raise NeedleError(f'sample prompt has {len(prompt_ids)} tokens and answer {len(ids) - len(prompt_ids)}: too short')
-  return Encoded(ids, len(prompt_ids), locate_needle(sample['prompt'], sample['value'], offsets))
+  span = sample.get('needle_span')
+  if span is None:
+    needle = locate_needle(sample['prompt'], sample['value'], offsets)
+  else:
+    needle = np.flatnonzero(key_token_mask(offsets, [tuple(span)], rule='overlap'))
+  return Encoded(ids, len(prompt_ids), needle)
 
 
 def batch(encoded: Sequence[Encoded], *, pad_id: int, multiple: int = 64) -> dict:

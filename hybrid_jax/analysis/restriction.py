@@ -104,7 +104,7 @@ def evaluate(run, restrictions, *, metrics=('loss', 'niah'), seq_len=None, batch
     inputs['loss'] = eval_batches(cfg, seq_len, batches)
   if 'niah' in metrics:
     samples = needles.make_samples(niah_source, niah_samples, length=niah_length or seq_len, tokenizer=tokenizer,
-                                   seed=seed, values=None)
+                                   seed=seed, values=None, data_cfg=cfg.data)
     inputs['niah'] = retrieval_heads.encode_all(samples, tokenizer)[0]
   if 'longppl' in metrics:
     inputs['longppl'] = read_longppl_inputs(longppl_texts, longppl_spans)

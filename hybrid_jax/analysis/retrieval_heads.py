@@ -96,7 +96,8 @@ def run(run, *, source: str = 'niah_single_1', num_samples: int = 20, length: in
   """The tool on a loaded run: samples, scores, `retrieval_heads.json` and `retrieval_heads.png`."""
   tokenizer = run.tokenizer
   length = length or int(run.config.data.seq_len)
-  samples = needles.make_samples(source, num_samples, length=length, tokenizer=tokenizer, seed=seed, values=None)
+  samples = needles.make_samples(source, num_samples, length=length, tokenizer=tokenizer, seed=seed, values=None,
+                                 data_cfg=run.config.data)
   result = score(run.model_def, run.config.model, run.params, samples, tokenizer, top_k=top_k,
                  batch_size=batch_size, progress=progress)
   result.update(workdir=str(run.workdir), step=run.step, source=source, length=length, seed=seed)

@@ -79,7 +79,8 @@ def run(run, *, source: str = 'niah_single_1', num_samples: int = 20, length: in
         draws: int = 200, out=None) -> dict:
   """The tool on a loaded run: samples, statistics, `routing.json` and `routing.png`."""
   length = length or int(run.config.data.seq_len)
-  samples = needles.make_samples(source, num_samples, length=length, tokenizer=run.tokenizer, seed=seed, values=None)
+  samples = needles.make_samples(source, num_samples, length=length, tokenizer=run.tokenizer, seed=seed, values=None,
+                                 data_cfg=run.config.data)
   result = score(run.model_def, run.config.model, run.params, samples, run.tokenizer, draws=draws, seed=seed)
   result.update(workdir=str(run.workdir), step=run.step, source=source, length=length, seed=seed)
   directory = report.output_dir(run.workdir, out)

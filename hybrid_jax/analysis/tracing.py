@@ -58,7 +58,8 @@ def trace(workdir, *, heads=None, reference_step=None, source='study', num_sampl
   if heads is not None:
     _check_heads(heads, cfg)
   length = length or int(final.config.data.seq_len)
-  samples = needles.make_samples(source, num_samples, length=length, tokenizer=tokenizer, seed=seed, values=None)
+  samples = needles.make_samples(source, num_samples, length=length, tokenizer=tokenizer, seed=seed, values=None,
+                                 data_cfg=final.config.data)
   if heads is None:
     found = retrieval_heads.score(final.model_def, cfg, final.params, samples, tokenizer, top_k=top_k,
                                   batch_size=batch_size)
