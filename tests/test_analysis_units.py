@@ -9,7 +9,7 @@ import pytest
 from hybrid_jax.inspection import forward as forward_lib
 from hybrid_jax.inspection.windowed import Restriction
 from hybrid_jax.train import state as state_lib
-from tests.conftest import small_config
+from tests.conftest import default_tier, small_config
 from tests.test_model import _random_sinks
 
 T = 64
@@ -68,7 +68,7 @@ def test_full_restriction_is_a_sliding_window_model():
                              _reference(swa_def, params, tokens), atol=1e-6)
 
 
-@pytest.mark.parametrize('kind', ['lightning', 'mamba2', 'gdn'])
+@pytest.mark.parametrize('kind', default_tier(['lightning', 'mamba2', 'gdn'], keep=('gdn',)))
 def test_windowed_recurrent_state_matches_recomputation_from_scratch(kind):
   """One recurrent layer: with W >= T nothing changes; with W < T each chunk's last token equals a fresh run over
   the S sinks and the last W tokens, and a chunk's first token equals a fresh run over W - C + 1 tokens."""

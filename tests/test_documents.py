@@ -17,7 +17,7 @@ from hybrid_jax import kernels
 from hybrid_jax.kernels import segments
 from hybrid_jax.configs import hybrid
 from hybrid_jax.models.model import HybridLM
-from tests.conftest import study_config
+from tests.conftest import default_tier, study_config
 
 LENGTHS = (21, 11, 3, 1, 9)  # Starts at 0, 21 (inside chunk 1), 32 (a chunk edge), 35, 36; 45 tokens.
 CHUNK = 16
@@ -187,7 +187,9 @@ def _tiny(arch):
   return c.model
 
 
-@pytest.mark.parametrize('arch', sorted(hybrid.ARCHES))
+# One arch per mixer kind in the default tier; the SWA variants (other windows, NoPE, 1:3) in e2e.
+@pytest.mark.parametrize('arch', default_tier(sorted(hybrid.ARCHES), keep=('full', 'swa128', 'swa128_headwise',
+                                                                           'lightning', 'mamba2', 'gdn')))
 def test_model_documents_equal_each_document_alone(arch):
   """Logits of every document and the parameter gradients of the row's summed loss equal those of the documents
   run alone (positions restart at each document: RoPE, windows, states and convs all see one document)."""

@@ -60,10 +60,12 @@ def _forward(model_def, restriction):
   return jax.jit(run)
 
 
-ARCHES = [pytest.param('swa128', {}, IDS, id='swa'), pytest.param('swa128_headwise', {}, IDS, id='headwise'),
+# Attention and the two scans in the default tier; head-wise windows, Lightning and learned sinks in e2e.
+ARCHES = [pytest.param('swa128', {}, IDS, id='swa'),
+          pytest.param('swa128_headwise', {}, IDS, id='headwise', marks=pytest.mark.e2e),
           pytest.param('gdn', {}, IDS, id='gdn'), pytest.param('mamba2', {}, IDS, id='mamba2'),
-          pytest.param('lightning', {}, IDS, id='lightning'),
-          pytest.param('swa128', dict(attention_sinks=True), IDS, id='swa_learned_sinks')]
+          pytest.param('lightning', {}, IDS, id='lightning', marks=pytest.mark.e2e),
+          pytest.param('swa128', dict(attention_sinks=True), IDS, id='swa_learned_sinks', marks=pytest.mark.e2e)]
 
 
 @pytest.mark.parametrize('restriction', RESTRICTIONS)
