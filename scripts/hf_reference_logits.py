@@ -29,7 +29,7 @@ reference (below):
     mamba; embedding/residual/attention multipliers and logits_scaling away from 1; Mamba-2 expand 1, 2 groups; tied.
 `--build` into a directory named hf_moe (tests/data/hf_moe/, kept apart because the importer's tests read every
 checkpoint under tests/data/hf/ and the importer does not read MoE yet) writes instead six MoE hybrids, vocabulary 64,
-hidden 16, every one with `decode_logits` and `routing` (below), each under 160 KB:
+hidden 16, every one with `decode_logits`, `routing` and `logits_float64` (the model in float64) (below), each under 160 KB:
   hf_qwen3_5_moe (qwen3_5_moe_text): hf_qwen3_5's layers (3 GDN, 1 gated attention) with a sparse MoE block in each:
     8 SwiGLU experts of width 8, top-3 of a softmax over all experts, renormalised (the class always does), plus a
     shared SwiGLU expert of width 20 times sigmoid(shared_expert_gate x). Experts FUSED: mlp.experts.gate_up_proj
@@ -448,6 +448,14 @@ def reference(path: pathlib.Path, length: int = LENGTH) -> dict:
                                                              experts_implementation='eager').eval()
     with torch.no_grad():
       result['experts_eager_vs_default_max_abs'] = float(np.abs(loop(ids).logits.numpy() - logits['eager']).max())
+    # The same model in float64 (grouped_mm takes no float64: the per-expert loop): the reference a float32 import
+    # is held to, since transformers' own float32 logits carry rounding of the same size as the bar.
+    wide = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation='eager',
+                                                             experts_implementation='eager').eval()
+    with torch.no_grad():
+      arrays['logits_float64'] = wide(ids).logits.double().numpy()
+    result['float32_vs_float64_rel'] = float(np.abs(logits['eager'] - arrays['logits_float64']).max()
+                                             / np.abs(arrays['logits_float64']).max())
   if path.name in DECODED:
     arrays['decode_logits'] = decode(model, ids, positions=True)
     gap = float(np.abs(arrays['decode_logits'] - logits['eager']).max())
