@@ -63,6 +63,28 @@ def test_a_needle_routed_apart_is_beyond_chance_and_a_random_one_is_not():
   assert plain['needle']['tv'] <= plain['needle']['null_p95'] and plain['query']['tv'] <= plain['query']['null_p95']
 
 
+def test_routing_by_token_identity_is_told_from_routing_by_role():
+  """Experts chosen by token id alone: the needle is far from the control (other ids) but within chance of its own
+  ids elsewhere in the row; a needle routed by its role is far from both."""
+  rng = np.random.default_rng(1)
+  b, t = 6, 64
+  tokens = rng.integers(0, 6, (b, t))
+  needle, query, control = masks(b, t)
+  tokens[needle] = 7  # The needle's id, which also occurs in the control.
+  tokens[:, 30:36] = 7
+  table = np.stack([rng.choice(E, K, replace=False) for _ in range(8)])
+  by_id = table[tokens]
+  twins = routing.same_tokens(tokens, needle, control)
+  assert twins.sum() == b * 6 and not (twins & needle).any()
+  got = routing_stats.layer_statistics(by_id, needle, query, control, E, same_tokens=twins)['needle']
+  assert got['tv'] > 2 * got['null_p95'] and got['same_tokens'] == b * 6
+  assert got['tv_same_tokens'] <= got['same_tokens_null_p95']
+  by_role = by_id.copy()
+  by_role[needle] = [k for k in range(E) if k not in table[7]][:K]
+  got = routing_stats.layer_statistics(by_role, needle, query, control, E, same_tokens=twins)['needle']
+  assert got['tv_same_tokens'] > 2 * got['same_tokens_null_p95'] > 0
+
+
 def test_overlaps_pair_tokens_within_their_own_row():
   """Row 0's query shares its experts with row 0's needle only: pairing across rows would dilute the overlap."""
   b, t = 2, 32

@@ -29,6 +29,11 @@ def groups(batch: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   return needle, query & ~needle, control
 
 
+def same_tokens(tokens: np.ndarray, needle: np.ndarray, control: np.ndarray) -> np.ndarray:
+  """Bool [B, T]: the control tokens of each row whose id is one of that row's needle token ids."""
+  return np.stack([np.isin(row, row[mask]) for row, mask in zip(tokens, needle)]) & control
+
+
 def routes(model_def, params, tokens) -> dict:
   """{layer index: experts [B, T, k]} of every MoE layer on tokens [B, T]; model_def a train.state.ModelDef."""
 
@@ -49,8 +54,9 @@ def score(model_def, model_cfg, params, samples, tokenizer, *, draws: int = 200,
   needle, query, control = groups(batch)
   chosen = routes(model_def, params, batch['tokens'])
   e = int(model_cfg.moe.num_experts)
+  twins = same_tokens(batch['tokens'], needle, control)
   layers = [{'index': layer, **routing_stats.layer_statistics(experts, needle, query, control, e, draws=draws,
-                                                               seed=seed)}
+                                                               seed=seed, same_tokens=twins)}
             for layer, experts in sorted(chosen.items())]
   return {'num_samples': len(encoded), 'skipped_samples': skipped, 'num_experts': e,
           'top_k': int(model_cfg.moe.top_k), 'layers': layers}
