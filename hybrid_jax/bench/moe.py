@@ -18,7 +18,6 @@ over every expert, so it does the dense work; only GPU and TPU numbers say what 
 """
 
 import dataclasses
-import datetime
 import sys
 
 import jax
@@ -161,20 +160,12 @@ def table(rows) -> str:
 
 
 def _line(r) -> str:
-  head = f"  {r['shape']} {r['impl']}"
-  if 'error' in r:
-    return f"{head}: {timing.headline(r['error'])}"
-  parts = [f'{k}={r[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in r]
-  parts += [f'{k}={r[k]:.1f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in r]
-  return f'{head}: ' + ', '.join(parts)
+  return timing.row_line(f"  {r['shape']} {r['impl']}", r)
 
 
 def run(args) -> int:
   """Every (shape, implementation) of `args` (the flags of `bench moe`) timed, then the table."""
-  device = jax.devices()[0]
-  meta = dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), jax=jax.__version__,
-              backend=jax.default_backend(), device=getattr(device, 'device_kind', str(device)),
-              args={k: (v if k != 'shapes' else [str(s) for s in v]) for k, v in vars(args).items() if k != 'json'})
+  meta = timing.run_meta({k: (v if k != 'shapes' else [str(s) for s in v]) for k, v in vars(args).items() if k != 'json'})
   report = timing.Report(args.json, meta)
   print(f"moe bench: {meta['device']} ({meta['backend']}), jax {jax.__version__}, {args.dtype}, SwiGLU experts, "
         'softmax router, dropless', flush=True)

@@ -25,7 +25,6 @@ same documents (`cu_seqlens` over the batch flattened to one row) is timed for t
   python -m hybrid_jax bench scan --seq-lens 8192 --documents 512 --json out.json
 """
 
-import datetime
 import statistics
 import sys
 import time
@@ -248,19 +247,12 @@ def table(rows, baseline):
 
 def _line(r):
   head = f"  {r['kernel']} {r['impl']} T={r['T']}" + (f" documents of {r['documents']}" if r.get('documents') else '')
-  if 'error' in r:
-    return f"{head}: {timing.headline(r['error'])}"
-  parts = [f'{k}={r[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in r]
-  parts += [f'{k}={r[k]:.1f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in r]
-  return f'{head}: ' + ', '.join(parts)
+  return timing.row_line(head, r)
 
 
 def run(args) -> int:
   """Parity checks and timings as `args` asks (the flags of `bench scan`, one attribute each)."""
-  device = jax.devices()[0]
-  meta = dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), jax=jax.__version__,
-              backend=jax.default_backend(), device=getattr(device, 'device_kind', str(device)),
-              args={k: v for k, v in vars(args).items() if k != 'json'})
+  meta = timing.run_meta({k: v for k, v in vars(args).items() if k != 'json'})
   report = timing.Report(args.json, meta)
   failed = 0
   if args.parity or args.parity_only:

@@ -1,6 +1,7 @@
 """Device-synchronised timing, per-measurement time limits and row-by-row reporting shared by the benchmarks."""
 
 import contextlib
+import datetime
 import json
 import signal
 import statistics
@@ -38,6 +39,22 @@ def headline(error_text: str, width: int = 200) -> str:
   """The first line of a recorded error, cut to `width` characters, for one-line logs and table cells."""
   first = error_text.splitlines()[0] if error_text else ''
   return first if len(first) <= width else first[:width - 3] + '...'
+
+
+def run_meta(args: dict) -> dict:
+  """A benchmark run's header: when, jax, the backend and device, and its arguments."""
+  device = jax.devices()[0]
+  return dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), jax=jax.__version__,
+              backend=jax.default_backend(), device=getattr(device, 'device_kind', str(device)), args=args)
+
+
+def row_line(head: str, row: dict) -> str:
+  """One progress line of a timed row: its error's headline, or its times and compile times."""
+  if 'error' in row:
+    return f"{head}: {headline(row['error'])}"
+  parts = [f'{k}={row[k]:.3f}' for k in ('fwd_ms', 'fwd_bwd_ms') if k in row]
+  parts += [f'{k}={row[k]:.1f}' for k in ('fwd_compile_s', 'fwd_bwd_compile_s') if k in row]
+  return f'{head}: ' + ', '.join(parts)
 
 
 class MeasurementTimeout(TimeoutError):
