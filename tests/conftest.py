@@ -37,6 +37,18 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 
+def with_libtpu(describe):
+  """describe() (a TPU topology's devices or a compile target: libtpu describes them), or a skip where libtpu is
+  missing; with HYBRID_JAX_REQUIRE_LIBTPU set (CI) a missing libtpu fails instead."""
+  from hybrid_jax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  try:
+    return describe()
+  except mesh_lib.MeshError as e:
+    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
+      raise
+    pytest.skip(f"libtpu is missing, so no TPU topology can be described ({e}); pip install -e '.[tpu]'")
+
+
 def default_tier(values, keep):
   """Parametrize `values` so those in `keep` run in the default tier and the rest in the end-to-end tier (-m e2e):
   the edit-test loop checks one representative of each code path, the e2e tier every case."""

@@ -12,10 +12,10 @@ import pytest
 from hybrid_jax.config import validate
 from hybrid_jax.compile_check import attention_work, estimate as estimate_lib, fit as compile_check
 from hybrid_jax.models import flops
-from hybrid_jax.parallel import chips, mesh as mesh_lib
+from hybrid_jax.parallel import chips
 from hybrid_jax.train import state as state_lib, step as step_lib
 from hybrid_jax.commands import compile_check as compile_check_command, config_flags
-from tests.conftest import ROOT, study_config
+from tests.conftest import ROOT, study_config, with_libtpu
 
 
 def tiny(batch=8, seq_len=128):
@@ -392,12 +392,7 @@ def test_the_recommendation_prefers_recomputing_the_mlp_to_recomputing_everythin
 
 @pytest.fixture(scope='module')
 def tpu():
-  try:
-    return compile_check.tpu_target('v5e:2x2')
-  except mesh_lib.MeshError as e:
-    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
-      raise
-    pytest.skip(f"libtpu is missing ({e}); pip install -e '.[tpu]'")
+  return with_libtpu(lambda: compile_check.tpu_target('v5e:2x2'))
 
 
 def test_tpu_row_fits_and_its_estimate_is_the_roofline(tpu):

@@ -11,8 +11,6 @@ shapes (d_model 384, expert width 479: no multiple of 128), forward and backward
 sharded train step with the experts split compiles through them.
 """
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hybrid_jax.kernels import grouped_matmul, platform
 from hybrid_jax.models import moe
+from tests.conftest import with_libtpu
 from tests.test_moe import built
 
 KERNEL = 'tpu_custom_call'
@@ -135,11 +134,7 @@ def tpu_devices():
   enabled = jax.config.jax_enable_compilation_cache  # TPU executables compiled without a TPU: no cache.
   jax.config.update('jax_enable_compilation_cache', False)
   try:
-    yield mesh_lib.topology_devices('v5p:2x2x1')
-  except mesh_lib.MeshError as e:
-    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
-      raise
-    pytest.skip(f'libtpu is missing, so no TPU topology can be described ({e})')
+    yield with_libtpu(lambda: mesh_lib.topology_devices('v5p:2x2x1'))
   finally:
     jax.config.update('jax_enable_compilation_cache', enabled)
 

@@ -7,7 +7,6 @@ work read from the tables (every listed block computed whole) against a brute-fo
 the block each window gets so that it stays within 2x of the visible pairs."""
 
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from hybrid_jax.kernels.attention import config
 from hybrid_jax.kernels.attention import pallas_tpu
 from hybrid_jax.kernels.attention import splash_tables
 from hybrid_jax.parallel import mesh as mesh_lib
+from tests.conftest import with_libtpu
 
 
 def assert_same_info(got, want):
@@ -122,12 +122,7 @@ def test_a_row_in_query_chunks_equals_the_row_whole(monkeypatch, window, sinks, 
 
 def test_a_chunked_row_compiles_for_tpu_through_mosaic(monkeypatch):
   """Each query chunk lowers to its own splash kernels (forward, dq, dkv), and the step compiles for a TPU chip."""
-  try:
-    device = mesh_lib.topology_devices('v5e:2x2')[0]
-  except mesh_lib.MeshError as e:
-    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
-      raise
-    pytest.skip(f'libtpu is missing ({e})')
+  device = with_libtpu(lambda: mesh_lib.topology_devices('v5e:2x2'))[0]
   t, block = 2048, 128
   monkeypatch.setattr(config, 'TPU_TABLE_BYTES', splash_tables.table_bytes(t - 512, 512, block))
   assert splash_tables.query_chunk(t, block, config.TPU_TABLE_BYTES) == 512

@@ -11,7 +11,6 @@ HYBRID_JAX_REQUIRE_LIBTPU is set (CI), where a missing libtpu fails them.
 """
 
 import functools
-import os
 import re
 
 import jax
@@ -25,7 +24,7 @@ from hybrid_jax.configs import hybrid
 from hybrid_jax.kernels import platform
 from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import optim, state as state_lib, step as step_lib
-from tests.conftest import default_tier, study_config
+from tests.conftest import default_tier, study_config, with_libtpu
 
 # The study's arches by mixer code path: swa512 and swa2048 differ from swa128 only in the window, which the tiny
 # models below set to 64 for every SWA layer (so that it is smaller than T).
@@ -47,12 +46,7 @@ def no_persistent_cache():
 
 @pytest.fixture(scope='module')
 def tpu_devices():
-  try:
-    return mesh_lib.topology_devices(TOPOLOGY)
-  except mesh_lib.MeshError as e:
-    if os.environ.get('HYBRID_JAX_REQUIRE_LIBTPU'):
-      raise
-    pytest.skip(f"libtpu is missing, so no TPU topology can be described ({e}); pip install -e '.[tpu]'")
+  return with_libtpu(lambda: mesh_lib.topology_devices(TOPOLOGY))
 
 
 def tiny(arch):

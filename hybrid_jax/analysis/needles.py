@@ -144,7 +144,9 @@ def make_samples(source: str, num: int, *, length: int, tokenizer, seed: int = 4
                          haystack='essay' if source == 'study-essay' else 'repeat')
   if source in RULER_TASKS:
     return ruler_samples(source, num, length=length, tokenizer=tokenizer, seed=seed, depths=depths)
-  if source == 'recall' and data_cfg is not None:
+  if source == 'recall':
+    if data_cfg is None:
+      raise NeedleError("needle source 'recall' reads a run's own recall task, and this analysis has no run config")
     return recall_samples(data_cfg, num, seed=seed)
   raise NeedleError(f'needle source {source!r} is invalid: use {", ".join(SOURCES)}')
 

@@ -55,7 +55,8 @@ def overlap(query: np.ndarray, others: np.ndarray) -> float:
 
 
 def layer_statistics(experts: np.ndarray, needle: np.ndarray, query: np.ndarray, control: np.ndarray,
-                     num_experts: int, *, draws: int = 200, seed: int = 0, same_tokens: np.ndarray | None = None) -> dict:
+                     num_experts: int, *, draws: int = 200, seed: int = 0,
+                     same_tokens: np.ndarray | None = None) -> dict:
   """One MoE layer's statistics. `experts` [B, T, k]; `needle`, `query`, `control` bool [B, T] masks of the token
   groups (disjoint). The overlaps pair tokens within a row only (a query with its own row's needle).
 

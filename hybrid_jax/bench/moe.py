@@ -165,7 +165,8 @@ def _line(r) -> str:
 
 def run(args) -> int:
   """Every (shape, implementation) of `args` (the flags of `bench moe`) timed, then the table."""
-  meta = timing.run_meta({k: (v if k != 'shapes' else [str(s) for s in v]) for k, v in vars(args).items() if k != 'json'})
+  meta = timing.run_meta({k: (v if k != 'shapes' else [str(s) for s in v])
+                          for k, v in vars(args).items() if k != 'json'})
   report = timing.Report(args.json, meta)
   print(f"moe bench: {meta['device']} ({meta['backend']}), jax {jax.__version__}, {args.dtype}, SwiGLU experts, "
         'softmax router, dropless', flush=True)

@@ -29,8 +29,8 @@ def _parser() -> parsing.ArgumentParser:
 
   def needle_args(p, default_source):
     p.add_argument('--source', default=default_source,
-                   help="needle prompts: study, study-essay, niah_single_1/2/3 (RULER) or recall (the run's own recall task, "
-                   'data.source=recall)')
+                   help="needle prompts: study, study-essay, niah_single_1/2/3 (RULER) or recall (the run's own "
+                   'recall task, data.source=recall)')
     p.add_argument('--samples', type=checks.POSITIVE_INT, default=20, help='needle prompts')
     p.add_argument('--length', type=checks.POSITIVE_INT, default=None,
                    help='prompt length in tokens (default: data.seq_len)')
