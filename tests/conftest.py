@@ -14,6 +14,17 @@ from hybrid_jax import host_memory
 from hybrid_jax.config import load_config_file, resolve_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# The suite's programs are small, so compiling them costs far more than running them: LLVM at O0 roughly halves
+# the suite's time on 2 cores. XLA's own passes (fusion, layout, buffer assignment) run as in training, so the
+# programs and their numerics are the ones users get. Read when the backend starts, i.e. before any test runs.
+XLA_TEST_FLAGS = '--xla_backend_optimization_level=0'
+os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
+
+
+def fake_devices_env(n: int) -> dict:
+  """The environment of a subprocess that sees `n` fake CPU devices (fixed when jax starts), with the suite's flags."""
+  return dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=f'--xla_force_host_platform_device_count={n} {XLA_TEST_FLAGS}')
 host_memory.keep_freed_memory()  # As `python -m hybrid_jax` does: steps on the CPU reuse their buffers.
 
 # Many tests compile the same small programs (each builds its own jitted step, so jit's in-memory cache misses).

@@ -18,7 +18,7 @@ import pytest
 from hybrid_jax.config import ConfigError, validate
 from hybrid_jax.parallel import mesh as mesh_lib, rules as rules_lib
 from hybrid_jax.train import state as state_lib
-from tests.conftest import ROOT, small_config
+from tests.conftest import ROOT, fake_devices_env, small_config
 
 ARCHES = ('full', 'swa128', 'swa128_nope', 'swa128_1to3', 'swa128_headwise', 'lightning', 'mamba2', 'gdn')
 MESHES = ((8, 1, 1), (1, 8, 1), (2, 2, 2))
@@ -26,8 +26,7 @@ MESHES = ((8, 1, 1), (1, 8, 1), (2, 2, 2))
 
 def run_with_devices(n: int, code: str, timeout=900) -> str:
   """Runs `code` in a fresh interpreter with `n` fake CPU devices; returns its stdout."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={n}')
+  env = dict(fake_devices_env(n), PYTHONPATH=str(ROOT))
   out = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=timeout)
   assert out.returncode == 0, out.stderr[-4000:]
@@ -95,7 +94,7 @@ def _train_settings(batch, accum):
 
 
 def test_the_trainer_refuses_an_indivisible_batch_with_one_line_before_compiling(tmp_path):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  env = fake_devices_env(8)
   proc = subprocess.run([sys.executable, '-m', 'hybrid_jax', 'train', f'--workdir={tmp_path}',
                          '--config.train.batch_size=6', '--config.train.steps=2'], capture_output=True, text=True,
                         env=env, cwd=ROOT, timeout=300)
