@@ -234,6 +234,34 @@ def test_recursive_inverse_any_chunk_and_leaf():
       assert rel(got, want) <= 1e-5, (c, leaf)
 
 
+def test_accurate_sum_is_one_rounding_plus_its_second_order_term():
+  """`accurate_sum` (the Pallas scans' gate-gradient sums) against math.fsum on a [128, 128] tile of O(1) terms
+  that cancel to small sums: off by at most one rounding of the exact sum plus 2 n^2 eps^2 max|x| (its docstring's
+  bound), on rows, columns and masked rows, where jnp.sum is off by at least 30 times that bound somewhere (so the
+  case is one where the order of summation matters)."""
+  import math
+  from hybrid_jax.kernels import pallas_scan_common as pc
+  rng = np.random.default_rng(5)
+  c, eps = 128, 2.0 ** -24
+  x = rng.normal(size=(c, c)).astype(np.float32)
+  x[:, 1::2] = -x[:, ::2] * np.float32(1 + 2.0 ** -12)  # Pairs that nearly cancel: sums far below the terms.
+  r, col = np.indices((c, c))
+  lower = col <= r
+  cases = {'rows': (1, None, x), 'columns': (0, None, x), 'masked rows': (1, lower, np.where(lower, x, 0.0))}
+  plain_off = 0.0
+  for name, (axis, where, kept) in cases.items():
+    got = np.asarray(pc.accurate_sum(jnp.asarray(x), axis, None if where is None else jnp.asarray(where)),
+                     np.float64).ravel()
+    exact = np.array([math.fsum(line) for line in np.moveaxis(kept.astype(np.float64), axis, -1)])
+    bound = np.spacing(np.abs(exact).astype(np.float32)) + 2 * c * c * eps * eps * np.max(np.abs(kept))
+    assert np.all(np.abs(got - exact) <= bound), (name, np.max(np.abs(got - exact) / bound))
+    plain = np.asarray(jnp.sum(jnp.asarray(kept), axis=axis), np.float64)
+    plain_off = max(plain_off, float(np.max(np.abs(plain - exact) / bound)))
+  assert plain_off > 30, plain_off
+  zero = jnp.zeros((8, 8), jnp.float32)
+  assert np.all(np.asarray(pc.accurate_sum(zero, 1)) == 0.0)
+
+
 # Larger shapes (end-to-end tier: slow in interpret mode).
 SLOW = [(kernel, impl, dtype, shape) for kernel in KERNELS for impl in IMPLS
         for dtype in (jnp.float32, jnp.bfloat16)

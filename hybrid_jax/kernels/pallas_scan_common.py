@@ -192,10 +192,32 @@ def local_gate_grad(pair, q_inter, k_inter, d_gamma_state):
   d_gamma_state: exp(gamma) <dH, S>, the decay of the incoming state: counts for every token of the chunk.
   """
   r, c = iotas(q_inter.shape[0])
-  own = jnp.sum(pair, axis=1, keepdims=True) - as_col(jnp.sum(pair, axis=0, keepdims=True)) + q_inter
-  later = jnp.sum(jnp.where(c >= r, as_row(own), 0.0), axis=1, keepdims=True)
-  earlier = jnp.sum(jnp.where(c < r, as_row(k_inter), 0.0), axis=1, keepdims=True)
+  own = accurate_sum(pair, 1) - as_col(accurate_sum(pair, 0)) + q_inter
+  later = accurate_sum(as_row(own), 1, c >= r)
+  earlier = accurate_sum(as_row(k_inter), 1, c < r)
   return later + earlier + d_gamma_state
+
+
+def accurate_sum(x, axis, where=None):
+  """jnp.sum(x, axis, keepdims=True) over the entries where `where` holds (broadcast to the [C, C] tile), off the
+  exact sum by one rounding of the result plus about n^2 eps^2 max|x| (n terms, eps = 2^-24), where a float32 sum's
+  error grows like n eps max|x|: the gate gradient is a sum of O(1) terms that cancel to a small result.
+
+  Each entry splits exactly into x = hi + lo (FastTwoSum against sigma, a power of two at least 2 n max|x|):
+  every hi lies on the grid of sigma's last bit and every partial sum of them stays below sigma / 2, so the hi
+  parts sum exactly in any order; each lo is below that bit (about 2 n eps max|x|), so their float32 sum's rounding
+  is the n^2 eps^2 term.
+  """
+  mag = jnp.max(jnp.max(jnp.abs(x), axis=1, keepdims=True), axis=0, keepdims=True)  # [1, 1]
+  n = max(x.shape[0], x.shape[1]) if where is not None else x.shape[axis]  # Terms per sum.
+  exponent = lax.shift_right_logical(lax.bitcast_convert_type(mag, jnp.int32), 23)  # max|x| < 2^(exponent - 126)
+  exponent = jnp.minimum(exponent + (n - 1).bit_length() + 2, 254)
+  sigma = lax.bitcast_convert_type(lax.shift_left(exponent, 23), F32)
+  hi = (sigma + x) - sigma
+  lo = x - hi
+  if where is not None:
+    hi, lo = jnp.where(where, hi, 0.0), jnp.where(where, lo, 0.0)
+  return jnp.sum(hi, axis=axis, keepdims=True) + jnp.sum(lo, axis=axis, keepdims=True)
 
 
 class Gates:

@@ -139,14 +139,14 @@ def grads_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, do_ref, t_ref, vn_ref, s_ref
         + pc.dot(p, k, F32) + pc.dot(p, k, F32, ta=True))
   vf, kf = v.astype(F32), k.astype(F32)
   dv = beta * r
-  rsk = jnp.sum(rs * kf, axis=1, keepdims=True)
+  rsk = pc.accurate_sum(rs * kf, 1)
   db_ref[...] = jnp.sum(r * vf, axis=1, keepdims=True) - e * rsk + jnp.sum(dl * kk, axis=1, keepdims=True)
   # Gate: products carrying exp(G_i - G_j) are Q K^T in the output and beta K K^T in L; W carries exp(G_i).
   rr, cc = pc.iotas(cfg.chunk)
   pair = jnp.where(cc < rr, da * qk, 0.0) + dl * beta * kk
-  dk_inter = jnp.sum(kf * tail * pc.dot(v_new, dh, cd, tb=True), axis=1, keepdims=True)
+  dk_inter = pc.accurate_sum(kf * tail * pc.dot(v_new, dh, cd, tb=True), 1)
   dcum_ref[...] = pc.local_gate_grad(
-      pair, jnp.sum(q.astype(F32) * dq_inter, axis=1, keepdims=True) - beta * e * rsk, dk_inter,
+      pair, pc.accurate_sum(q.astype(F32) * dq_inter, 1) - beta * e * rsk, dk_inter,
       gates.exp_gamma() * pc.total(dh * s))
   dq_ref[...] = dq.astype(dq_ref.dtype)
   dk_ref[...] = dk.astype(dk_ref.dtype)

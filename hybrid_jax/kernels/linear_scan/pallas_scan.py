@@ -50,8 +50,8 @@ def grads_kernel(q_ref, k_ref, v_ref, g_ref, do_ref, s_ref, dh_ref, dq_ref, dk_r
   dv = cfg.scale * pc.dot(a, do, cfg.dtype, ta=True) + pc.dot(k * tail, dh, cfg.dtype)
   qf, kf = q.astype(F32), k.astype(F32)
   dcum_ref[...] = pc.local_gate_grad(
-      jnp.where(c < r, da * qk, 0.0), jnp.sum(qf * dq_inter, axis=1, keepdims=True),
-      jnp.sum(kf * dk_inter, axis=1, keepdims=True), gates.exp_gamma() * pc.total(dh * s))
+      jnp.where(c < r, da * qk, 0.0), pc.accurate_sum(qf * dq_inter, 1), pc.accurate_sum(kf * dk_inter, 1),
+      gates.exp_gamma() * pc.total(dh * s))
   dq_ref[...] = dq.astype(dq_ref.dtype)
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
