@@ -15,9 +15,9 @@ from hybrid_jax.config import load_config_file, resolve_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# The suite's programs are small, so compiling them costs far more than running them: LLVM at O0 roughly halves
+# The suite's programs are small, so compiling them costs far more than running them: LLVM at O0 cuts a quarter of
 # the suite's time on 2 cores. XLA's own passes (fusion, layout, buffer assignment) run as in training, so the
-# programs and their numerics are the ones users get. Read when the backend starts, i.e. before any test runs.
+# programs are the ones users get, in less optimised machine code. Read when the backend starts (before any test).
 XLA_TEST_FLAGS = '--xla_backend_optimization_level=0'
 os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
 
