@@ -53,6 +53,9 @@ def test_recall_samples_point_at_the_queried_record_not_at_other_records_with_th
   with pytest.raises(needles.NeedleError, match=r"^needle source 'recall' reads the run's own recall task; this "
                      r"run trained on data.source='builtin'"):
     needles.make_samples('recall', 4, length=64, tokenizer=None, data_cfg=builtin)
+  with pytest.raises(needles.NeedleError, match=r"^needle source 'recall' reads a run's own recall task, and this "
+                     r"analysis has no run config$"):
+    needles.make_samples('recall', 4, length=64, tokenizer=None)
 
 
 def _planted_model():
