@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hybrid_jax.bench.kernel_errors import FAST_COMPILE  # Interpret-mode programs are compile-bound.
 from hybrid_jax.kernels import gated_delta_rule
 from hybrid_jax.kernels import linear_scan
 from hybrid_jax.kernels.delta_rule import api as delta_api
@@ -30,8 +31,6 @@ KERNELS = {'linear': linear_scan, 'delta': gated_delta_rule}
 IMPLS = ('pallas_gpu', 'pallas_tpu')
 NAMES = {'linear': ('q', 'k', 'v', 'log_decay', 'initial_state'),
          'delta': ('q', 'k', 'v', 'log_decay', 'beta', 'initial_state')}
-# Interpret-mode programs are compile-bound on CPU; these roughly halve compile time and hardly slow the run.
-FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
 
 
 @functools.lru_cache(maxsize=None)
