@@ -5,6 +5,8 @@ Layout: chunk index first, then batch and key head, then the value heads grouped
 so every matmul has leading batch dimensions and the scan over chunks needs no transposes.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -13,9 +15,35 @@ from hybrid_jax.kernels.linear_scan.reference import compute_dtype
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def mm(subscripts, *operands, dtype):
-  """einsum accumulating in `dtype` at full precision (no TF32 on GPU)."""
-  return jnp.einsum(subscripts, *operands, preferred_element_type=dtype, precision=_HIGHEST)
+def mm(subscripts, a, b, *, dtype):
+  """a and b contracted by einsum `subscripts`, accumulating in `dtype`: fp32 and fp64 operands at full precision
+  (no TF32 on GPU); two bf16 / fp16 operands through `narrow_mm`, whose backward keeps its products narrow too."""
+  if a.dtype == b.dtype and jnp.dtype(a.dtype).itemsize == 2 and dtype == jnp.float32:
+    return narrow_mm(subscripts, a, b)
+  return jnp.einsum(subscripts, a, b, preferred_element_type=dtype, precision=_HIGHEST)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def narrow_mm(subscripts, a, b):
+  """einsum of two operands of one 16-bit dtype with fp32 accumulation, as the Pallas scans' `dot`.
+
+  Autodiff would transpose it into products of the fp32 cotangent with a 16-bit operand, which run as fp32
+  products (no tensor cores / single-pass MXU); here the backward rounds the cotangent to the operands' dtype
+  first, as the Pallas scans' backward rounds its intermediates, and accumulates in fp32 again.
+  """
+  return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
+
+
+def _narrow_fwd(subscripts, a, b):
+  return narrow_mm(subscripts, a, b), (a, b)
+
+
+def _narrow_bwd(subscripts, operands, g):
+  _, transpose = jax.vjp(lambda a, b: jnp.einsum(subscripts, a, b), *operands)
+  return transpose(g.astype(operands[0].dtype))
+
+
+narrow_mm.defvjp(_narrow_fwd, _narrow_bwd)
 
 
 def to_chunks(q, k, v, log_decay, beta, chunk_size):
