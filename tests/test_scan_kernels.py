@@ -186,6 +186,31 @@ def test_xla_bf16(kernel):
     assert rel(got, want) <= (1e-2 if name in 'qkv' else 2e-2), f'd{name}'
 
 
+def dot_operand_dtypes(jaxpr):
+  """The operand dtypes of every dot_general in `jaxpr` and the jaxprs inside it (scan bodies, custom VJPs)."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      found.append(tuple(jnp.dtype(x.aval.dtype).name for x in eqn.invars))
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else [param]:
+        inner = getattr(sub, 'jaxpr', sub)
+        if hasattr(inner, 'eqns'):
+          found += dot_operand_dtypes(inner)
+  return found
+
+
+def test_xla_linear_scan_runs_every_product_of_bf16_inputs_in_bf16():
+  """Forward and backward: bf16 inputs give only bf16 x bf16 products (fp32 accumulation), the tensor cores' and
+  the MXU's single pass, as in the Pallas scans; float32 inputs keep float32 products."""
+  args, cots = make(5, 'linear', **SHAPES['k64t500'])
+  for dtype in (jnp.bfloat16, jnp.float32):
+    typed = [x.astype(dtype) if i < 3 else x for i, x in enumerate(args)]
+    jaxpr = jax.make_jaxpr(lambda *a: value_and_grads('linear', list(a), cots))(*typed).jaxpr
+    dots = dot_operand_dtypes(jaxpr)
+    assert len(dots) >= 8 and set(dots) == {(jnp.dtype(dtype).name,) * 2}, (dtype, sorted(set(dots)))
+
+
 @pytest.mark.parametrize('kernel', KERNELS)
 def test_chunk_sizes_agree(kernel):
   """Chunks of 16 and 64 (longer than T) give the chunk-32 answer."""
