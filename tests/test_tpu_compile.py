@@ -100,26 +100,39 @@ def kernel_operand_shapes(text):
           for dims in re.findall(r'tensor<([\dx]+)x[a-z]', line.split(') -> ')[0].split(' : (')[-1])]
 
 
-def segment_operand_shapes(text):
-  """The shapes of the int32 operands of Mosaic kernel calls that carry a batch axis and T tokens: splash's segment
-  ids, [rows, T, lanes] and [rows, sublanes, T] (its other int32 operands are block tables without a batch axis)."""
+def segment_operand_shapes(text, tokens=(T,)):
+  """The shapes of the int32 operands of Mosaic kernel calls that carry a batch axis and a row of `tokens`: splash's
+  segment ids, [rows, tokens, lanes] and [rows, sublanes, tokens] (its other int32 operands are block tables without
+  a batch axis)."""
   calls = [line for line in text.splitlines() if f'@{KERNEL}(' in line]
   shapes = [tuple(int(n) for n in dims.split('x')) for line in calls
             for dims in re.findall(r'tensor<([\dx]+)xi32>', line.split(') -> ')[0].split(' : (')[-1])]
-  return [s for s in shapes if len(s) == 3 and T in s[1:]]
+  return [s for s in shapes if len(s) == 3 and set(tokens) & set(s[1:])]
 
 
 def has_dense_scores(text):
   return f'{T}x{T}x' in text
 
 
-# One arch per Pallas kernel in the default tier: splash (swa128), the linear scan (mamba2), the gated delta rule
-# (gdn). Full attention, Lightning and the SWA variants run the same kernels: the e2e tier's.
-@pytest.mark.parametrize('arch', default_tier(ARCHES, keep=('swa128', 'mamba2', 'gdn')))
-def test_every_arch_compiles_for_tpu_through_the_pallas_kernels(arch, tpu_devices):
+@functools.cache
+def lowered_programs(arch):
+  """{name: lowered program} of the tiny `arch`: train and forward steps on the 2 x 2 mesh, prefill and decode step
+  on one chip (lowered once a worker: the tests below compile different ones)."""
   config = tiny(arch)
-  train, evaluate = lowered_steps(config, tpu_devices)
-  prefill, step = lowered_decode(config, tpu_devices[0])
+  devices = with_libtpu(lambda: mesh_lib.topology_devices(TOPOLOGY))
+  train, evaluate = lowered_steps(config, devices)
+  prefill, step = lowered_decode(config, devices[0])
+  return {'train': train, 'forward': evaluate, 'prefill': prefill, 'step': step}
+
+
+# One arch per Pallas kernel in the default tier: splash (swa128), the linear scan (mamba2), the gated delta rule
+# (gdn). Full attention, Lightning and the SWA variants run the same kernels: the e2e tier's. The train step holds
+# each kernel's forward and backward and the prefill the forward that returns the state; the forward step and the
+# decode step (no kernel) compile in the e2e tier.
+@pytest.mark.parametrize('arch', default_tier(ARCHES, keep=('swa128', 'mamba2', 'gdn')))
+def test_every_arch_compiles_for_tpu_through_the_pallas_kernels(arch):
+  programs = lowered_programs(arch)
+  train, evaluate, prefill = programs['train'], programs['forward'], programs['prefill']
   for name, lowered in (('train', train), ('forward', evaluate), ('prefill', prefill)):
     text = lowered.as_text()
     assert KERNEL in text, f'{arch} {name}: no Mosaic kernel in the TPU program'
@@ -129,16 +142,24 @@ def test_every_arch_compiles_for_tpu_through_the_pallas_kernels(arch, tpu_device
     # operands carry BATCH / 4 rows (the kernels' other operands are small block tables).
     batched = [s for s in kernel_operand_shapes(lowered.as_text()) if len(s) == 4]
     assert batched and {s[0] for s in batched} == {BATCH // 4}, f'{arch} {name}: {sorted(set(batched))}'
-  for name, lowered in (('train', train), ('forward', evaluate), ('prefill', prefill), ('step', step)):
-    compiled = lowered.compile()
-    assert compiled.memory_analysis().temp_size_in_bytes > 0, f'{arch} {name}'
+  for name in ('train', 'prefill'):
+    assert programs[name].compile().memory_analysis().temp_size_in_bytes > 0, f'{arch} {name}'
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize('arch', ARCHES)
+def test_every_arch_compiles_its_forward_and_decode_step_for_tpu(arch):
+  programs = lowered_programs(arch)
+  for name in ('forward', 'step'):
+    assert programs[name].compile().memory_analysis().temp_size_in_bytes > 0, f'{arch} {name}'
 
 
 # Every mixer kind of the study: SWA and full attention, SWA and full heads in one layer, and the three scans.
 DOCUMENT_ARCHES = ['swa128', 'swa128_headwise', 'lightning', 'mamba2', 'gdn']
 
 
-@pytest.mark.parametrize('arch', default_tier(DOCUMENT_ARCHES, keep=('gdn',)))
+@pytest.mark.e2e  # The default tier's split-sequence cases compile documents for splash and the scans.
+@pytest.mark.parametrize('arch', DOCUMENT_ARCHES)
 def test_packed_documents_compile_for_tpu_through_the_pallas_kernels(arch, tpu_devices):
   """The train step for batches of documents (as compile-check lowers it with data.packing='documents') keeps
   every mixer on the Mosaic kernels, per shard: splash gets each shard's segment ids (the scans see documents as
@@ -286,6 +307,9 @@ def test_a_split_sequence_compiles_for_tpu_with_each_mixers_exchange(arch, tpu_d
     assert any(dims[1] == config.model[next(iter(kinds & {'mamba2', 'gdn'}))].conv_width - 1 for dims in permuted)
   if kinds & {'full', 'headwise'}:
     assert collectives(text, 'all_to_all'), arch
+  if kinds & {'swa', 'headwise', 'full'}:  # Splash gets each shard's segment ids: its rows, its tokens and halo.
+    segments = segment_operand_shapes(text, tokens=(T // 2 + halo, T))
+    assert segments and {s[0] for s in segments} == {BATCH // 2}, (arch, segments)
   gathered = [(dims, dtype) for dims, dtype in collectives(text, 'all_gather') if dtype.startswith(('f', 'bf'))]
   assert all(T // 2 not in dims and T not in dims for dims, _ in gathered), (arch, gathered)
   if kinds & {'lightning', 'mamba2', 'gdn'}:
