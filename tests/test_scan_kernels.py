@@ -192,11 +192,8 @@ def dot_operand_dtypes(jaxpr):
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == 'dot_general':
       found.append(tuple(jnp.dtype(x.aval.dtype).name for x in eqn.invars))
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else [param]:
-        inner = getattr(sub, 'jaxpr', sub)
-        if hasattr(inner, 'eqns'):
-          found += dot_operand_dtypes(inner)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += dot_operand_dtypes(sub)
   return found
 
 

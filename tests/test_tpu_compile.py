@@ -44,9 +44,14 @@ def no_persistent_cache():
   jax.config.update('jax_enable_compilation_cache', enabled)
 
 
+@functools.cache
+def topology_devices():
+  return with_libtpu(lambda: mesh_lib.topology_devices(TOPOLOGY))
+
+
 @pytest.fixture(scope='module')
 def tpu_devices():
-  return with_libtpu(lambda: mesh_lib.topology_devices(TOPOLOGY))
+  return topology_devices()
 
 
 def tiny(arch):
@@ -119,7 +124,7 @@ def lowered_programs(arch):
   """{name: lowered program} of the tiny `arch`: train and forward steps on the 2 x 2 mesh, prefill and decode step
   on one chip (lowered once a worker: the tests below compile different ones)."""
   config = tiny(arch)
-  devices = with_libtpu(lambda: mesh_lib.topology_devices(TOPOLOGY))
+  devices = topology_devices()
   train, evaluate = lowered_steps(config, devices)
   prefill, step = lowered_decode(config, devices[0])
   return {'train': train, 'forward': evaluate, 'prefill': prefill, 'step': step}
