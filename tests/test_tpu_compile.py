@@ -166,8 +166,9 @@ def test_every_arch_compiles_its_forward_and_decode_step_for_tpu(arch):
 DOCUMENT_ARCHES = ['swa128', 'swa128_headwise', 'lightning', 'mamba2', 'gdn']
 
 
-@pytest.mark.e2e  # The default tier's split-sequence cases compile documents for splash and the scans.
-@pytest.mark.parametrize('arch', DOCUMENT_ARCHES)
+# The default tier's split-sequence cases compile swa128's and gdn's documents (per shard, segment ids checked).
+@pytest.mark.e2e
+@pytest.mark.parametrize('arch', [a for a in DOCUMENT_ARCHES if a not in ('swa128', 'gdn')])
 def test_packed_documents_compile_for_tpu_through_the_pallas_kernels(arch, tpu_devices):
   """The train step for batches of documents (as compile-check lowers it with data.packing='documents') keeps
   every mixer on the Mosaic kernels, per shard: splash gets each shard's segment ids (the scans see documents as

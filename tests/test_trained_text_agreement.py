@@ -2,11 +2,11 @@
 
 Kernel tests draw Gaussian inputs; a trained GDN layer on text with repeated structure (indented code, a repeated
 line, a constant row) gives keys that share a direction inside a chunk, where an intra-chunk inverse computed as a
-series of powers loses float32 precision, which no Gaussian input exposed
-(docs/KERNELS.md, "Agreement on trained models"). The models are tests/data/trained_text/ (scripts/make_text_fixtures.py: GDN, Mamba-2 and Lightning
-hybrids, each with its full-attention layer, trained on the built-in corpus); the e2e test trains the tiny GDN
-hybrid as a user does. The rows have the structure of real text, and `test_code_row_is_the_regime` holds the
-fixture to the regime, so the file notices if a retrained fixture stops covering it.
+series of powers loses float32 precision, which no Gaussian input exposed (docs/KERNELS.md, "Agreement on trained
+models"). The models are tests/data/trained_text/ (scripts/make_text_fixtures.py: GDN, Mamba-2 and Lightning hybrids,
+each with its full-attention layer, trained on the built-in corpus by `train`). The rows have the structure of real
+text, and `test_code_row_is_the_regime` holds the fixture to the regime, so the file notices if a retrained fixture
+stops covering it.
 """
 
 import functools
@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax import standard_hooks
-from hybrid_jax.config import load_config_file, resolve_spec, validate
+from hybrid_jax.config import validate
 from hybrid_jax.models.mixers import recurrent
 from hybrid_jax.train import runs, state as state_lib
 from tests.conftest import default_tier
@@ -167,25 +166,3 @@ def test_code_row_is_the_regime():
              for layer in delta_rule_inputs(config, params, 'code')]
   assert regimes and max(cosine for cosine, _ in regimes) > 0.9, regimes
   assert max(growth for _, growth in regimes) > GROWTH, regimes
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(1800)  # 300 steps take 4-5 min of CPU, and a loaded 2-core host stretched them past 15 min.
-def test_tiny_gdn_trained_as_a_user_does_agrees_on_text(tmp_path):
-  """`hybrid:arch=gdn,scale=tiny` trained its 300 steps on the built-in corpus (the run where 'pallas_tpu' was
-  found 6.6 away from 'xla' on indented code), loaded as `runs.load_run` loads it with each implementation."""
-  config = load_config_file(resolve_spec('hybrid:arch=gdn,scale=tiny'))
-  config.train.update(dict(eval_every=0, checkpoint_every=config.train.steps, progress=False,
-                           async_checkpointing=False))
-  standard_hooks.train(config, tmp_path)
-  loaded = {impl: runs.load_run(tmp_path, model_overrides={'recurrent_implementation': impl, 'dtype': 'float32'})
-            for impl in ('xla', *RECURRENT)}
-  run = loaded['xla']
-  regimes = [chunk_regime(*layer, run.config.model.recurrent_chunk_size)
-             for layer in delta_rule_inputs(run.config, run.params, 'code')]
-  assert max(cosine for cosine, _ in regimes) > 0.9 and max(growth for _, growth in regimes) > GROWTH, regimes
-  row_tokens = tokens(text_rows())
-  out = {impl: np.asarray(jax.jit(lambda p, t, r=r: r.model_def.bind(p)(t))(r.params, row_tokens))
-         for impl, r in loaded.items()}
-  for impl in RECURRENT:
-    assert_agree(out[impl], out['xla'], f'gdn tiny recurrent {impl}')
