@@ -104,7 +104,7 @@ def test_cached_decode_matches_transformers(name):
   for t in range(1, tokens.shape[1]):
     logits, state = step(tokens[:, t], jnp.int32(t), state)
     steps.append(np.asarray(logits)[:, None])
-  assert _rel_err(np.concatenate(steps, axis=1), ref['decode_logits']) <= REL_TOL
+  assert _rel_err(np.concatenate(steps, axis=1), ref['decode_logits']) <= FLOAT32_PAIR_TOL  # transformers' float32.
 
 
 def test_imported_moe_options():

@@ -2,11 +2,11 @@
 
 Kernel tests draw Gaussian inputs; a trained GDN layer on text with repeated structure (indented code, a repeated
 line, a constant row) gives keys that share a direction inside a chunk, where an intra-chunk inverse computed as a
-series of powers loses float32 precision, which no Gaussian input exposed (docs/KERNELS.md, "Agreement on trained
-models"). The models are tests/data/trained_text/ (scripts/make_text_fixtures.py: GDN, Mamba-2 and Lightning hybrids,
-each with its full-attention layer, trained on the built-in corpus by `train`). The rows have the structure of real
-text, and `test_code_row_is_the_regime` holds the fixture to the regime, so the file notices if a retrained fixture
-stops covering it.
+series of powers loses float32 precision, which no Gaussian input exposed
+(docs/KERNELS.md, "Agreement on trained models"). The models are tests/data/trained_text/
+(scripts/make_text_fixtures.py: GDN, Mamba-2 and Lightning hybrids, each with its full-attention layer, trained on
+the built-in corpus by `train`). The rows have the structure of real text, and `test_code_row_is_the_regime` holds
+the fixture to the regime, so the file notices if a retrained fixture stops covering it.
 """
 
 import functools
