@@ -37,11 +37,11 @@ def pytest_configure(config):
 # and in this order: `--dist loadfile` hands out whole files, so a long file handed out last runs alone while the
 # other worker idles. Files not listed follow in collection order. (xdist's own order, by test count, is turned
 # off: it sends the long files with few tests last.)
-SLOW_FILES = ('test_tpu_compile.py', 'test_parallel.py', 'test_expert_parallel.py', 'test_trained_text_agreement.py',
-              'test_attention_pallas.py', 'test_loop.py', 'test_kernel_regimes.py', 'test_model.py',
-              'test_context_parallel.py', 'test_mini_study.py', 'test_hf_hybrids.py', 'test_multihost.py',
-              'test_niah_trained.py', 'test_scaling_law.py', 'test_scan_pallas.py', 'test_sweep.py',
-              'test_compile_check.py', 'test_moe.py', 'test_measure_script.py', 'test_grouped_matmul.py')
+SLOW_FILES = ('test_parallel.py', 'test_tpu_compile.py', 'test_attention_pallas.py', 'test_context_parallel.py',
+              'test_loop.py', 'test_kernel_regimes.py', 'test_expert_parallel.py', 'test_model.py',
+              'test_niah_trained.py', 'test_documents.py', 'test_generate.py', 'test_measure_script.py',
+              'test_hf_hybrids.py', 'test_mini_study.py', 'test_scan_pallas.py', 'test_multihost.py',
+              'test_compile_check.py', 'test_sweep.py', 'test_documents_analysis.py', 'test_train.py')
 
 
 def pytest_collection_modifyitems(config, items):
