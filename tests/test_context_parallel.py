@@ -1,7 +1,7 @@
 """Context parallelism: a row split over the 'sequence' mesh axis computes what the whole row computes.
 
-For every kind of layer of the study grid, on 8 fake CPU devices with sequence 2 (beside data 4), 4 (beside fsdp 2) and 8,
-and for a few with sequence 4 beside tensor 2, the sharded forward logits and parameter gradients equal the
+For every kind of layer of the study grid, on 8 fake CPU devices with sequence 2 (beside data 4), 4 (beside fsdp
+2) and 8, and for a few with sequence 4 beside tensor 2, the sharded forward logits and parameter gradients equal the
 unsharded ones (float32, relative error <= 1e-5), on packed rows whose documents cross shard boundaries (one starts
 exactly at one) with a window of 24 tokens, three shards long at sequence 8. The Pallas kernels run interpreted
 inside the shard map. All cases run in one interpreter (the device count is fixed when jax starts).
