@@ -164,11 +164,12 @@ def test_every_arch_compiles_its_forward_and_decode_step_for_tpu(arch):
 
 # Every mixer kind of the study: SWA and full attention, SWA and full heads in one layer, and the three scans.
 DOCUMENT_ARCHES = ['swa128', 'swa128_headwise', 'lightning', 'mamba2', 'gdn']
+# The default tier's split-sequence cases: splash and the gated delta rule on documents, per shard.
+SPLIT_SEQUENCE_KEEP = ('swa128', 'gdn')
 
 
-# The default tier's split-sequence cases compile swa128's and gdn's documents (per shard, segment ids checked).
-@pytest.mark.e2e
-@pytest.mark.parametrize('arch', [a for a in DOCUMENT_ARCHES if a not in ('swa128', 'gdn')])
+@pytest.mark.e2e  # SPLIT_SEQUENCE_KEEP's documents compile in the default tier's split-sequence cases.
+@pytest.mark.parametrize('arch', [a for a in DOCUMENT_ARCHES if a not in SPLIT_SEQUENCE_KEEP])
 def test_packed_documents_compile_for_tpu_through_the_pallas_kernels(arch, tpu_devices):
   """The train step for batches of documents (as compile-check lowers it with data.packing='documents') keeps
   every mixer on the Mosaic kernels, per shard: splash gets each shard's segment ids (the scans see documents as
@@ -297,7 +298,7 @@ def collectives(text, op):
           for dims, dtype in re.findall(r'tensor<([\dx]+)x([a-z]+\d*)>', line.split('->')[-1])]
 
 
-@pytest.mark.parametrize('arch', default_tier(DOCUMENT_ARCHES + ['full'], keep=('swa128', 'gdn')))
+@pytest.mark.parametrize('arch', default_tier(DOCUMENT_ARCHES + ['full'], keep=SPLIT_SEQUENCE_KEEP))
 def test_a_split_sequence_compiles_for_tpu_with_each_mixers_exchange(arch, tpu_devices):
   """Context parallelism (data 2 x sequence 2) on packed documents: the Mosaic kernels run per shard, and each
   mixer exchanges what its design says, no more: SWA and the short convs collective-permute a halo of about a
